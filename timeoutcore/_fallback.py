@@ -1,0 +1,439 @@
+"""The pure-Python engine, for platforms without ``timer_create`` (or when
+``TIMEOUTCORE_ENGINE=fallback``).
+
+Same interface as the native core module: ``Scope``, ``Shield``, ``sleep``, ``remaining``,
+``current_scope``, ``shield``. A daemon watchdog thread raises the interrupt with
+``PyThreadState_SetAsyncExc``. What it cannot do, and the native engine does:
+
+* no signal: a blocking system call is not knocked loose (only ``sleep`` below ends early);
+* ``__exit__`` is Python code, so an interrupt injected while it runs can, rarely (about
+  1 in 10^5 racing blocks), surface just after the block;
+* the watchdog waits a whole GIL switch interval before it can inject (~5 ms late).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+import time
+import weakref
+from typing import Any, Optional
+
+from .errors import DeadlineExceeded, _DeadlineInterrupt
+
+_NEVER = math.inf
+_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
+_set_async_exc.restype = ctypes.c_int
+
+
+def _inject(ident: int, exc: Optional[type]) -> None:
+    _set_async_exc(ident, exc)  # type: ignore[arg-type]
+
+
+def _clear(ident: int) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+
+
+def _check_seconds(value: Any, fn: str, arg: str, allow_zero: bool = False) -> float:
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{fn}: {arg} must be a number of seconds (int or float) or None, "
+            f"not {type(value).__name__}"
+        )
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{fn}: {arg} must be a {kind} finite number of seconds, got {value!r}")
+    if v > 3.0e8:
+        raise ValueError(f"{fn}: {arg} is too large ({value!r} s; at most 3e8)")
+    return v
+
+
+def _check_when(value: Any, fn: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{fn}: when must be a time.monotonic() value (int or float), "
+            f"not {type(value).__name__}"
+        )
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or v > 9.0e9:
+        raise ValueError(f"{fn}: when must be a finite time.monotonic() value, got {value!r}")
+    return v
+
+
+class _ThreadState:
+    __slots__ = ("ident", "stack", "fired", "shield", "reinject_at", "step", "cond", "__weakref__")
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.stack: list[Scope] = []
+        self.fired: Optional[Scope] = None
+        self.shield = 0
+        self.reinject_at = _NEVER
+        self.step = 0.002
+        self.cond = threading.Condition(threading.Lock())
+
+    def deadline(self) -> float:
+        return min((s._deadline for s in self.stack), default=_NEVER)
+
+    def due(self, now: float) -> Optional[Scope]:
+        for s in self.stack:  # outermost first
+            if s._deadline <= now:
+                return s
+        return None
+
+
+class _Watchdog:
+    def __init__(self) -> None:
+        self.lock = threading.Condition(threading.Lock())
+        self.states: dict[int, _ThreadState] = {}
+        self.thread: Optional[threading.Thread] = None
+        self.local = threading.local()
+
+    def state(self) -> _ThreadState:
+        st: Optional[_ThreadState] = getattr(self.local, "st", None)
+        if st is None:
+            st = _ThreadState(threading.get_ident())
+            self.local.st = st
+            with self.lock:
+                self.states[st.ident] = st
+            # released with the thread's locals when the thread ends
+            weakref.finalize(st, self.states.pop, st.ident, None)
+        return st
+
+    def ensure(self) -> None:
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self.run, name="timeoutcore-watchdog", daemon=True)
+            self.thread.start()
+
+    def fire(self, st: _ThreadState, now: float, local: bool) -> bool:
+        due = st.due(now)
+        if due is None or st.shield:
+            return False
+        if st.fired is None:
+            st.fired = due
+            due._expired = True
+            due._fired_at = now
+        st.step = 0.002
+        st.reinject_at = now + st.step
+        if local:
+            raise _DeadlineInterrupt
+        _inject(st.ident, _DeadlineInterrupt)
+        with st.cond:
+            st.cond.notify_all()
+        return True
+
+    def run(self) -> None:
+        with self.lock:
+            while True:
+                now = time.monotonic()
+                nxt = _NEVER
+                for st in list(self.states.values()):
+                    if st.shield:
+                        continue
+                    if st.fired is not None:
+                        if st.reinject_at <= now:
+                            _inject(st.ident, _DeadlineInterrupt)
+                            st.step = min(st.step * 2, 0.1)
+                            st.reinject_at = now + st.step
+                        nxt = min(nxt, st.reinject_at)
+                        continue
+                    d = st.deadline()
+                    if d <= now:
+                        self.fire(st, now, False)
+                        nxt = min(nxt, st.reinject_at)
+                    else:
+                        nxt = min(nxt, d)
+                self.lock.wait(None if nxt == _NEVER else max(nxt - time.monotonic(), 0))
+
+
+_wd = _Watchdog()
+
+
+def _after_fork_in_child() -> None:
+    global _wd
+    old = _wd
+    _wd = _Watchdog()
+    st = getattr(old.local, "st", None)
+    if st is not None:
+        st.ident = threading.get_ident()
+        _wd.local.st = st
+        _wd.states[st.ident] = st
+        if st.stack:
+            _wd.ensure()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Scope:
+    """Pure-Python deadline scope (same behaviour as the native one, less precise)."""
+
+    __slots__ = (
+        "_label", "_seconds", "_deadline", "_raise", "_has_deadline", "_state", "_expired",
+        "_entered", "_exited", "_fired_at", "_st", "_ident",
+    )
+
+    def __init__(
+        self,
+        seconds: Optional[float] = None,
+        *,
+        label: Optional[str] = None,
+        raise_on_timeout: bool = True,
+        deadline: Optional[float] = None,
+    ) -> None:
+        v = _check_seconds(seconds, "thread_deadline()", "seconds")
+        if label is not None and not isinstance(label, str):
+            raise TypeError(
+                f"thread_deadline(): label must be a str or None, not {type(label).__name__}"
+            )
+        self._seconds = v
+        self._deadline = _NEVER
+        self._has_deadline = False
+        if deadline is not None:
+            if not math.isnan(v):
+                raise TypeError("thread_deadline(): give either seconds or deadline, not both")
+            self._deadline = _check_when(deadline, "thread_deadline_at()")
+            self._has_deadline = True
+        self._label = label
+        self._raise = bool(raise_on_timeout)
+        self._state = 0
+        self._expired = False
+        self._entered = 0.0
+        self._exited = 0.0
+        self._fired_at = 0.0
+        self._st: Optional[_ThreadState] = None
+        self._ident: Optional[int] = None
+
+    def __enter__(self) -> Any:
+        if self._state != 0:
+            raise RuntimeError(
+                "this deadline scope is already active; scopes are not re-entrant"
+                if self._state == 1
+                else "this deadline scope was already used; scopes are not reusable "
+                "(create a new one, or use it as a decorator)"
+            )
+        st = _wd.state()
+        now = time.monotonic()
+        if not self._has_deadline:
+            self._deadline = _NEVER if math.isnan(self._seconds) else now + self._seconds
+        self._entered = now
+        self._st = st
+        self._ident = st.ident
+        with _wd.lock:
+            self._state = 1
+            st.stack.append(self)
+            if self._deadline != _NEVER:
+                _wd.ensure()
+                _wd.lock.notify()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        st = self._st
+        if self._state != 1:
+            raise RuntimeError("__exit__ of a deadline scope that is not active")
+        if st is None or st is not getattr(_wd.local, "st", None):
+            raise RuntimeError("a deadline scope must be exited in the thread that entered it")
+        with _wd.lock:
+            now = time.monotonic()
+            while st.stack and st.stack[-1] is not self:
+                stale = st.stack.pop()
+                stale._state = 2
+            if st.stack:
+                st.stack.pop()
+            self._state = 2
+            self._exited = now
+            claimed = st.fired is self
+            if claimed:
+                st.fired = None
+                _clear(st.ident)
+            outer_due = st.fired is None and not st.shield and st.due(now) is not None
+            if outer_due:
+                self._st = None
+                _wd.fire(st, now, True)  # raises the interrupt for the enclosing scope
+        self._st = None
+        if claimed:
+            if not self._raise:
+                return True
+            err = DeadlineExceeded(self)
+            if exc_type is not None and issubclass(exc_type, _DeadlineInterrupt):
+                raise err from None
+            raise err
+        return False
+
+    def when(self) -> Optional[float]:
+        if self._state == 0 and not self._has_deadline:
+            return None
+        return None if self._deadline == _NEVER else self._deadline
+
+    def reschedule(self, when: Optional[float]) -> None:
+        d = _NEVER if when is None else _check_when(when, "reschedule()")
+        if self._state == 2:
+            raise RuntimeError("reschedule() on a scope that has exited")
+        self._deadline = d
+        if self._state == 0:
+            self._has_deadline = True
+            self._seconds = math.nan
+            return
+        st = self._st
+        with _wd.lock:
+            _wd.lock.notify()
+            if st is not None and st.fired is None and st is getattr(_wd.local, "st", None):
+                now = time.monotonic()
+                if d <= now and not st.shield:
+                    _wd.fire(st, now, True)
+
+    def expired(self) -> bool:
+        return self._expired
+
+    def remaining(self) -> Optional[float]:
+        if self._state == 0 and not self._has_deadline:
+            return None if math.isnan(self._seconds) else self._seconds
+        if self._deadline == _NEVER:
+            return None
+        end = self._exited if self._state == 2 else time.monotonic()
+        return max(self._deadline - end, 0.0)
+
+    def elapsed(self) -> float:
+        if self._state == 0:
+            return 0.0
+        end = self._exited if self._state == 2 else time.monotonic()
+        return end - self._entered
+
+    @property
+    def label(self) -> Optional[str]:
+        return self._label
+
+    @property
+    def limit(self) -> Optional[float]:
+        if not math.isnan(self._seconds):
+            return self._seconds
+        if self._deadline == _NEVER or self._state == 0:
+            return None
+        return self._deadline - self._entered
+
+    @property
+    def overshoot(self) -> Optional[float]:
+        if not self._expired or self._state != 2:
+            return None
+        return max(self._exited - self._deadline, 0.0)
+
+    @property
+    def fired_at(self) -> Optional[float]:
+        return self._fired_at if self._expired else None
+
+    @property
+    def entered_at(self) -> Optional[float]:
+        return None if self._state == 0 else self._entered
+
+    @property
+    def exited_at(self) -> Optional[float]:
+        return self._exited if self._state == 2 else None
+
+    @property
+    def active(self) -> bool:
+        return self._state == 1
+
+    @property
+    def used(self) -> bool:
+        return self._state != 0
+
+    @property
+    def raise_on_timeout(self) -> bool:
+        return self._raise
+
+    @property
+    def thread_ident(self) -> Optional[int]:
+        return self._ident
+
+
+class Shield:
+    """Hold deadline interrupts back until the block exits."""
+
+    __slots__ = ("_st", "_state")
+
+    def __init__(self) -> None:
+        self._st: Optional[_ThreadState] = None
+        self._state = 0
+
+    def __enter__(self) -> Shield:
+        if self._state:
+            raise RuntimeError("a shield is not reusable")
+        st = _wd.state()
+        with _wd.lock:
+            st.shield += 1
+            if st.shield == 1 and st.fired is not None:
+                _clear(st.ident)
+        self._st = st
+        self._state = 1
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        st = self._st
+        if self._state != 1 or st is None or st is not getattr(_wd.local, "st", None):
+            raise RuntimeError("shield exited twice or in another thread than it was entered")
+        self._state = 2
+        with _wd.lock:
+            st.shield -= 1
+            if st.shield == 0:
+                now = time.monotonic()
+                if st.fired is not None:
+                    st.reinject_at = now + st.step
+                    raise _DeadlineInterrupt
+                if st.due(now) is not None:
+                    _wd.fire(st, now, True)
+                _wd.lock.notify()
+        return False
+
+
+def sleep(seconds: float) -> None:
+    """Sleep like time.sleep, but end at this thread's deadline and raise there."""
+    secs = _check_seconds(seconds, "sleep()", "seconds", allow_zero=True)
+    if math.isnan(secs):
+        raise TypeError("sleep(): seconds must be a number, not None")
+    st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+    target = time.monotonic() + secs
+    if st is None:
+        time.sleep(secs)
+        return
+    while True:
+        now = time.monotonic()
+        if not st.shield:
+            if st.fired is not None:
+                raise _DeadlineInterrupt
+            if st.deadline() <= now:
+                with _wd.lock:
+                    if _wd.fire(st, now, True):
+                        return
+        if now >= target:
+            return
+        until = target if st.shield else min(target, st.deadline())
+        with st.cond:
+            st.cond.wait(max(until - now, 0))
+
+
+def remaining() -> Optional[float]:
+    """Seconds left before this thread's earliest deadline, or None when unguarded."""
+    st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+    if st is None or not st.stack:
+        return None
+    d = st.deadline()
+    return None if d == _NEVER else max(d - time.monotonic(), 0.0)
+
+
+def current_scope() -> Optional[Scope]:
+    """The innermost active scope of this thread, or None."""
+    st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+    return st.stack[-1] if st is not None and st.stack else None
+
+
+def shield() -> Shield:
+    """A context manager holding deadline interrupts back until it exits."""
+    return Shield()
+
+

@@ -1,0 +1,62 @@
+"""Loads the C core built by cffi and wires it to the interpreter's life cycle.
+
+Importing this module either yields ``core`` (the module built by ``tc_export``) or
+raises ImportError; ``timeoutcore._engine`` decides what to do then.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import sysconfig
+from types import ModuleType
+
+from .errors import DeadlineExceeded, _DeadlineInterrupt
+
+if not sys.platform.startswith("linux"):
+    raise ImportError("the native timeoutcore engine needs Linux (timer_create, SIGEV_THREAD_ID)")
+if sysconfig.get_config_var("Py_GIL_DISABLED"):
+    raise ImportError(
+        "timeoutcore has not been validated on free-threaded CPython; refusing to load "
+        "rather than guess (set TIMEOUTCORE_ENGINE=fallback to use the pure-Python engine)"
+    )
+
+from ._timeoutcore import ffi, lib  # noqa: E402  (after the platform checks)
+
+_MODNAME = "timeoutcore._core"
+
+if lib.tc_export(_MODNAME.encode()) != 0:
+    raise ImportError("timeoutcore: the native core failed to initialise (see stderr)")
+
+core: ModuleType = sys.modules[_MODNAME]
+core._setup(_DeadlineInterrupt, DeadlineExceeded)
+
+# The watchdog must be joined before the interpreter finalises.
+atexit.register(core._shutdown)
+# fork: stop the watchdog before (no lock held across fork, and os.fork() on 3.12+ does
+# not count it as a thread), restart it in parent and child where a deadline is armed.
+os.register_at_fork(
+    before=core._shutdown,
+    after_in_parent=core._ensure_watchdog,
+    after_in_child=core._ensure_watchdog,
+)
+
+
+def stats() -> dict[str, int]:
+    """Counters of the native core (live slots and timers, fires, kicks, ...)."""
+    raw = ffi.new("struct tc_stats *")
+    lib.tc_get_stats(raw)
+    return {name: int(getattr(raw, name)) for name, _ in ffi.typeof("struct tc_stats").fields}
+
+
+def signal_number() -> int:
+    """The real-time signal the core uses (0 before the first scope was entered)."""
+    return int(lib.tc_signal_number())
+
+
+def bench_timer_pair(n: int) -> None:
+    """Run ``n`` kernel-timer arm+disarm pairs on this thread (benchmarks only)."""
+    err = lib.tc_bench_timer_pair(n)
+    if err:
+        raise OSError(err, os.strerror(err))
