@@ -24,17 +24,18 @@ from typing import Any, Optional
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
 _NEVER = math.inf
-_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
-_set_async_exc.restype = ctypes.c_int
+_addr = ctypes.cast(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_void_p).value
+# Two prototypes of the same C function: raise a class, or clear with NULL.
+_set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(_addr)
+_clear_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(_addr)
 
 
-def _inject(ident: int, exc: Optional[type]) -> None:
-    _set_async_exc(ident, exc)  # type: ignore[arg-type]
+def _inject(ident: int, exc: type) -> None:
+    _set_async_exc(ident, exc)
 
 
 def _clear(ident: int) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+    _clear_async_exc(ident, None)
 
 
 def _check_seconds(value: Any, fn: str, arg: str, allow_zero: bool = False) -> float:
@@ -91,7 +92,10 @@ class _ThreadState:
 class _Watchdog:
     def __init__(self) -> None:
         self.lock = threading.Condition(threading.Lock())
-        self.states: dict[int, _ThreadState] = {}
+        # weak values: a thread's state lives in its threading.local and goes with it
+        self.states: weakref.WeakValueDictionary[int, _ThreadState] = (
+            weakref.WeakValueDictionary()
+        )
         self.thread: Optional[threading.Thread] = None
         self.local = threading.local()
 
@@ -102,8 +106,6 @@ class _Watchdog:
             self.local.st = st
             with self.lock:
                 self.states[st.ident] = st
-            # released with the thread's locals when the thread ends
-            weakref.finalize(st, self.states.pop, st.ident, None)
         return st
 
     def ensure(self) -> None:

@@ -16,7 +16,38 @@ from ._engine import core
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class DeadlineScope(core.Scope):  # type: ignore[misc, name-defined]
+class _ScopeMixin:
+    """What every engine's scope gets on top of its own enter/exit: the decorator form."""
+
+    __slots__ = ()
+
+    def __call__(self, fn: F) -> F:
+        """Decorate ``fn``: every call runs under a fresh scope with these settings."""
+        if not callable(fn):
+            raise TypeError(f"thread_deadline(...) decorates a callable, not {type(fn).__name__}")
+        scope: Any = self
+        if scope.used:
+            raise RuntimeError("cannot use a scope that was already entered as a decorator")
+        cls = type(self)
+        when = scope.when()
+        limit = None if when is not None else scope.limit
+        label, raise_on_timeout = scope.label, scope.raise_on_timeout
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            with cls(limit, label=label, raise_on_timeout=raise_on_timeout, deadline=when):  # type: ignore[call-arg]
+                return fn(*args, **kwargs)
+
+        return guarded  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        scope: Any = self
+        state = "active" if scope.active else ("done" if scope.used else "new")
+        fired = ", expired" if scope.expired() else ""
+        return f"<DeadlineScope label={scope.label!r} limit={scope.limit!r} {state}{fired}>"
+
+
+class DeadlineScope(_ScopeMixin, core.Scope):  # type: ignore[misc, name-defined]
     """A hard deadline for the block it guards, in the thread that enters it.
 
     ``thread_deadline(seconds, *, label=None, raise_on_timeout=True)`` returns one.
@@ -32,29 +63,6 @@ class DeadlineScope(core.Scope):  # type: ignore[misc, name-defined]
     """
 
     __slots__ = ()
-
-    def __call__(self, fn: F) -> F:
-        """Decorate ``fn``: every call runs under a fresh scope with these settings."""
-        if not callable(fn):
-            raise TypeError(f"thread_deadline(...) decorates a callable, not {type(fn).__name__}")
-        if self.used:
-            raise RuntimeError("cannot use a scope that was already entered as a decorator")
-        cls = type(self)
-        when = self.when()
-        limit = None if when is not None else self.limit
-        label, raise_on_timeout = self.label, self.raise_on_timeout
-
-        @functools.wraps(fn)
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            with cls(limit, label=label, raise_on_timeout=raise_on_timeout, deadline=when):
-                return fn(*args, **kwargs)
-
-        return guarded  # type: ignore[return-value]
-
-    def __repr__(self) -> str:
-        state = "active" if self.active else ("done" if self.used else "new")
-        fired = ", expired" if self.expired() else ""
-        return f"<DeadlineScope label={self.label!r} limit={self.limit!r} {state}{fired}>"
 
 
 thread_deadline = DeadlineScope

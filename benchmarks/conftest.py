@@ -1,0 +1,168 @@
+"""Benchmark plumbing: collect ``bench_*.py``, gather ``extra_info``, print and save a summary.
+
+Run with ``python -m pytest benchmarks/ --benchmark-only``. A plain ``pytest`` / ``pytest tests/``
+never loads this folder (``testpaths = ["tests"]``).
+
+Every benchmark leaves its figures in ``benchmark.extra_info``; at the end of the session the
+figures are printed as one compact table and written to ``benchmarks/.results/summary.json``.
+Two kinds of rows are understood:
+
+- per-operation cost (group ``overhead``): ``per_op_ns`` (median round / ops per round),
+  ``per_op_ns_min``; the table adds the ratio to the row marked ``baseline``;
+- latency distributions (group ``overshoot``): ``p50_ms``, ``p90_ms``, ``p99_ms``, ``max_ms``,
+  ``trials``, or a ``note`` when the case cannot be measured (``n/a: ...``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+RESULTS_DIR = HERE / ".results"
+
+# Let `pytest benchmarks/` (not only `python -m pytest`) import the in-place build.
+if importlib.util.find_spec("timeoutcore") is None:
+    sys.path.insert(0, str(HERE.parent))
+
+_ROWS_KEY = pytest.StashKey[list[dict[str, Any]]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_ROWS_KEY] = []
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[pytest.Module]:
+    """Collect ``bench_*.py`` in this folder as test modules (pytest only looks at test_*.py)."""
+    if parent.session.isinitpath(file_path):
+        return None  # named on the command line: pytest's own collector takes it
+    if file_path.suffix == ".py" and file_path.name.startswith("bench_"):
+        module: pytest.Module = pytest.Module.from_parent(parent, path=file_path)
+        return module
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _record_extra_info(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each benchmark, keep its name, group and ``extra_info`` for the summary."""
+    if "benchmark" not in request.fixturenames:
+        yield
+        return
+    bench = request.getfixturevalue("benchmark")
+    yield
+    if bench.stats is None:  # skipped or disabled
+        return
+    group = bench.group or request.node.module.__name__
+    row: dict[str, Any] = {"group": group, "name": request.node.name}
+    row.update(bench.extra_info)
+    request.config.stash[_ROWS_KEY].append(row)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if abs(value) < 1e4 else f"{value:.0f}"
+    return str(value)
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Give every per-operation row ``x_baseline``: its cost over its group's baseline."""
+    baselines = {r["group"]: r["per_op_ns"] for r in rows if r.get("baseline") and "per_op_ns" in r}
+    for r in rows:
+        base = baselines.get(r["group"])
+        if base and "per_op_ns" in r:
+            r["x_baseline"] = round(r["per_op_ns"] / base, 2)
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    cost = [r for r in rows if "per_op_ns" in r]
+    lat = [r for r in rows if "per_op_ns" not in r]
+    if cost:
+        w = max(len(r["case"]) for r in cost)
+        lines.append(
+            f"{'cost per operation':<{w}}  {'median ns':>10}  {'min ns':>10}  {'x baseline':>10}"
+        )
+        for r in cost:
+            lines.append(
+                f"{r['case']:<{w}}  {_fmt(r['per_op_ns'], 1):>10}  "
+                f"{_fmt(r.get('per_op_ns_min'), 1):>10}  {_fmt(r.get('x_baseline'), 2):>10}"
+            )
+    if lat:
+        if lines:
+            lines.append("")
+        w = max(len(r["case"]) for r in lat)
+        head = (
+            f"{'overshoot past a 50 ms deadline':<{w}}  {'p50 ms':>8}  {'p90 ms':>8}  {'p99 ms':>8}"
+        )
+        lines.append(f"{head}  {'max ms':>8}  {'n':>3}")
+        for r in lat:
+            if "p50_ms" not in r:
+                lines.append(f"{r['case']:<{w}}  {r.get('note', '-')}")
+                continue
+            lines.append(
+                f"{r['case']:<{w}}  {_fmt(r['p50_ms']):>8}  {_fmt(r['p90_ms']):>8}  "
+                f"{_fmt(r['p99_ms']):>8}  {_fmt(r['max_ms']):>8}  {r['trials']:>3}"
+            )
+            if r.get("note"):
+                lines.append(f"{'':<{w}}    ({r['note']})")
+    return lines
+
+
+def _environment() -> dict[str, Any]:
+    from timeoutcore import ENGINE
+
+    return {
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "machine": platform.machine(),
+        "kernel": platform.release(),
+        "engine": ENGINE,
+        "switch_interval_s": sys.getswitchinterval(),
+    }
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    rows = config.stash.get(_ROWS_KEY, [])
+    if not rows:
+        return
+    _add_ratios(rows)
+    env = _environment()
+    terminalreporter.write_sep("=", "timeoutcore benchmark summary")
+    terminalreporter.write_line(
+        f"CPython {env['python']} {env['machine']}, kernel {env['kernel']}, "
+        f"engine {env['engine']}, switch interval {env['switch_interval_s'] * 1e3:g} ms"
+    )
+    for line in _table(rows):
+        terminalreporter.write_line(line)
+    terminalreporter.write_line(f"summary written to {_summary_path().relative_to(HERE.parent)}")
+
+
+def _summary_path() -> Path:
+    return RESULTS_DIR / "summary.json"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    rows = session.config.stash.get(_ROWS_KEY, [])
+    if not rows:
+        return
+    _add_ratios(rows)
+    payload = {"environment": _environment(), "results": rows}
+    RESULTS_DIR.mkdir(exist_ok=True)
+    (RESULTS_DIR / ".gitignore").write_text("# run-time output of the benchmarks\n*\n")
+    try:
+        import orjson
+    except ImportError:
+        import json
+
+        _summary_path().write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    else:
+        _summary_path().write_bytes(
+            orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
+        )

@@ -1,0 +1,121 @@
+"""Developer and CI sessions: ``nox`` runs lint, types and the tests on CPython 3.9-3.13.
+
+    nox                      # every default session
+    nox -s lint types        # static checks only
+    nox -s tests-3.12 -- -k scope -x   # one interpreter, extra pytest arguments
+
+Every interpreter of ``PYTHONS`` must be found, or the run fails
+(``error_on_missing_interpreters``): a silently skipped version is a version nobody tested.
+Where ``pythonX.Y`` is not on PATH but pyenv has that version (pyenv's shims answer only for
+the selected version), the noxfile links the pyenv interpreter into ``.nox/.interpreters``
+and puts that folder first on PATH, so plain ``nox`` works on a pyenv machine too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import nox
+
+PYTHONS = ["3.9", "3.10", "3.11", "3.12", "3.13"]
+
+# Pinned so that a new linter release cannot break CI by itself; bump them on purpose.
+# ruff: [tool.ruff] selects no rules, so the rule set is ruff's default, and 0.16 widened that
+# default from 59 rules to 413: stay on 0.15.x until pyproject selects its rules explicitly.
+# mypy: 2.x refuses [tool.mypy] python_version = "3.9"; 1.20 reports false union-attr errors
+# after `x is None or x is not <Any>` guards (timeoutcore/_fallback.py).
+RUFF = "ruff==0.15.22"
+MYPY = "mypy==1.19.1"
+TYPES_CFFI = "types-cffi==2.1.0.20260827"
+
+ROOT = Path(__file__).resolve().parent
+
+nox.options.error_on_missing_interpreters = True
+nox.options.sessions = ["lint", "types", "tests"]
+
+# Prints where ``timeoutcore`` was imported from and which engine loaded. Run with ``-I``
+# (no cwd on sys.path) and TIMEOUTCORE_ENGINE=native, it fails unless the *installed* package
+# and its compiled core load: the tests must not silently exercise the pure-Python fallback.
+CHECK_INSTALLED = (
+    "import timeoutcore, sys; "
+    "print('timeoutcore', timeoutcore.__version__, 'engine', timeoutcore.ENGINE, "
+    "'from', timeoutcore.__file__, 'on', sys.version.split()[0])"
+)
+
+
+def _works(exe: str) -> bool:
+    try:
+        proc = subprocess.run([exe, "-c", "pass"], capture_output=True, timeout=30, check=False)
+        return proc.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _pyenv_root() -> Path | None:
+    if os.environ.get("PYENV_ROOT"):
+        return Path(os.environ["PYENV_ROOT"])
+    pyenv = shutil.which("pyenv")
+    if pyenv is None:
+        return None
+    out = subprocess.run([pyenv, "root"], capture_output=True, text=True, check=False)
+    return Path(out.stdout.strip()) if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _expose_pyenv_interpreters() -> None:
+    """Make ``pythonX.Y`` resolvable for each of PYTHONS that pyenv has but PATH lacks."""
+    missing = [v for v in PYTHONS if not (shutil.which(f"python{v}") and _works(f"python{v}"))]
+    root = _pyenv_root() if missing else None
+    if not missing or root is None:
+        return
+    links = ROOT / ".nox" / ".interpreters"
+    for version in missing:
+        # Plain CPython builds only ("3.12.1"), not "3.13.0t" or virtualenvs; newest patch.
+        candidates = [
+            d
+            for d in (root / "versions").glob(f"{version}.*")
+            if re.fullmatch(rf"{re.escape(version)}\.\d+", d.name)
+            and (d / "bin" / f"python{version}").exists()
+        ]
+        if not candidates:
+            continue  # nox reports it as missing, and error_on_missing_interpreters fails
+        best = max(candidates, key=lambda d: int(d.name.rsplit(".", 1)[1]))
+        links.mkdir(parents=True, exist_ok=True)
+        link = links / f"python{version}"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(best / "bin" / f"python{version}")
+    if links.is_dir():
+        os.environ["PATH"] = f"{links}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+_expose_pyenv_interpreters()
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check over the whole repository (config: [tool.ruff] in pyproject.toml)."""
+    session.install(RUFF)
+    session.run("ruff", "check", ".", *session.posargs)
+
+
+@nox.session
+def types(session: nox.Session) -> None:
+    """mypy --strict (config: [tool.mypy] in pyproject.toml) over the timeoutcore package."""
+    # The package itself brings cffi (imported by _ffi_build.py); types-cffi gives it types.
+    session.install(".", MYPY, TYPES_CFFI)
+    session.run("mypy", "timeoutcore", *session.posargs)
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """Build and install the package (compiles the C core), then run the test suite."""
+    session.install(".[test]")
+    # From a scratch folder: proves the installed wheel (not ./timeoutcore) loads natively.
+    session.chdir(session.create_tmp())
+    session.run("python", "-I", "-c", CHECK_INSTALLED, env={"TIMEOUTCORE_ENGINE": "native"})
+    session.chdir(ROOT)
+    session.run("pytest", "tests", "-q", *session.posargs)

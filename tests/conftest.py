@@ -1,0 +1,108 @@
+"""Shared helpers for the tests: both engines, and small bounded workloads."""
+
+from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Iterator
+from typing import Any, Callable
+
+import pytest
+
+import timeoutcore
+from timeoutcore import _fallback
+from timeoutcore.scope import _ScopeMixin
+
+# Generous correctness bounds (these machines are shared and noisy); timing figures
+# belong in benchmarks/.
+LATE = 0.25
+
+
+def _fallback_api() -> types.SimpleNamespace:
+    class FallbackScope(_ScopeMixin, _fallback.Scope):
+        __slots__ = ()
+
+    return types.SimpleNamespace(
+        name="fallback",
+        thread_deadline=FallbackScope,
+        thread_deadline_at=lambda when, **kw: FallbackScope(None, deadline=when, **kw),
+        sleep=_fallback.sleep,
+        shield=_fallback.shield,
+        remaining=_fallback.remaining,
+        current_scope=_fallback.current_scope,
+    )
+
+
+def _native_api() -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        name=timeoutcore.ENGINE,
+        thread_deadline=timeoutcore.thread_deadline,
+        thread_deadline_at=timeoutcore.thread_deadline_at,
+        sleep=timeoutcore.sleep,
+        shield=timeoutcore.shield,
+        remaining=timeoutcore.remaining,
+        current_scope=timeoutcore.current_scope,
+    )
+
+
+@pytest.fixture(params=["native", "fallback"])
+def api(request: Any) -> types.SimpleNamespace:
+    """The public API, once per engine."""
+    return _native_api() if request.param == "native" else _fallback_api()
+
+
+def burn(seconds: float) -> int:
+    """Spin in Python for `seconds` (the loop lives in its own frame on purpose:
+    CPython 3.13.0 skips a frame's handlers when an exception is raised at the
+    back-edge of a `while <cond>:` loop in that frame, cpython#130279)."""
+    import time
+
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+    return n
+
+
+def spin_forever() -> None:
+    """A CPU loop that only an interrupt ends."""
+    for _ in range(10**15):
+        pass
+
+
+def in_thread(fn: Callable[[], Any]) -> Any:
+    """Run `fn` in a fresh thread and return its result (or raise its exception)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "worker thread did not finish"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+@pytest.fixture(params=["main", "worker"])
+def where(request: Any) -> Callable[[Callable[[], Any]], Any]:
+    """Run a callable in the main thread or in a worker thread."""
+    if request.param == "main":
+        return lambda fn: fn()
+    return in_thread
+
+
+def pytest_report_header(config: Any) -> str:
+    return f"timeoutcore engine: {timeoutcore.ENGINE}"
+
+
+@pytest.fixture
+def no_leftover() -> Iterator[None]:
+    """After the test, the calling thread has no active scope."""
+    yield
+    assert timeoutcore.current_scope() is None

@@ -1,0 +1,382 @@
+"""Behaviour of thread_deadline, in the main thread and in workers, on both engines."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from conftest import LATE, burn, spin_forever
+
+import timeoutcore
+from timeoutcore import DeadlineExceeded
+from timeoutcore.errors import _DeadlineInterrupt
+
+
+def test_native_engine_is_active_on_linux() -> None:
+    assert timeoutcore.ENGINE == "native"
+
+
+def test_cpu_loop_is_interrupted(api: Any, where: Any) -> None:
+    def body() -> Any:
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded) as info:
+            with api.thread_deadline(0.05, label="cpu") as scope:
+                spin_forever()
+        return time.monotonic() - t0, scope, info.value
+
+    took, scope, exc = where(body)
+    assert 0.05 <= took < 0.05 + LATE
+    assert scope.expired()
+    assert exc.scope is scope and exc.label == "cpu" and exc.limit == 0.05
+    assert exc.overshoot is not None and 0 <= exc.overshoot < LATE
+    assert exc.elapsed >= 0.05
+
+
+def test_block_that_finishes_in_time_is_untouched(api: Any, where: Any) -> None:
+    def body() -> Any:
+        with api.thread_deadline(5.0) as scope:
+            value = sum(range(1000))
+        return value, scope
+
+    value, scope = where(body)
+    assert value == 499500
+    assert not scope.expired() and scope.overshoot is None
+    assert 0 <= scope.elapsed() < 5.0
+
+
+def test_blocking_libc_read_is_knocked_loose(where: Any) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.read.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+    libc.read.restype = ctypes.c_ssize_t
+
+    def body() -> Any:
+        r, w = os.pipe()
+        buf = ctypes.create_string_buffer(16)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(DeadlineExceeded):
+                with timeoutcore.thread_deadline(0.05):
+                    libc.read(r, buf, 16)  # blocks: nothing is ever written
+                    spin_forever()  # not reached in practice; keeps the test honest
+            return time.monotonic() - t0
+        finally:
+            os.close(r)
+            os.close(w)
+
+    took = where(body)
+    assert 0.05 <= took < 0.05 + LATE
+
+
+def test_timeoutcore_sleep_ends_at_the_deadline(api: Any, where: Any) -> None:
+    def body() -> float:
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.05):
+                api.sleep(5)
+        return time.monotonic() - t0
+
+    took = where(body)
+    assert 0.05 <= took < 0.05 + LATE
+
+
+def test_sleep_outside_a_scope_sleeps(api: Any) -> None:
+    t0 = time.monotonic()
+    api.sleep(0.02)
+    assert time.monotonic() - t0 >= 0.02
+
+
+def test_sleep_shorter_than_the_deadline_returns(api: Any) -> None:
+    with api.thread_deadline(5) as scope:
+        api.sleep(0.01)
+    assert not scope.expired()
+
+
+def test_except_exception_cannot_swallow_it(api: Any, where: Any) -> None:
+    def body() -> int:
+        caught = 0
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.05):
+                try:
+                    spin_forever()
+                except Exception:  # noqa: BLE001 - the point of the test
+                    caught += 1
+        return caught
+
+    assert where(body) == 0
+
+
+def test_swallowed_interrupt_is_raised_again(api: Any, where: Any) -> None:
+    def body() -> int:
+        swallowed = 0
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.05):
+                for _ in range(1000):
+                    try:
+                        spin_forever()
+                    except BaseException:  # noqa: BLE001 - a body that swallows everything
+                        swallowed += 1
+                        if swallowed >= 3:
+                            break
+                spin_forever()
+        return swallowed
+
+    assert where(body) == 3
+
+
+def test_raise_on_timeout_false_abandons_silently(api: Any, where: Any) -> None:
+    def body() -> Any:
+        reached_after = False
+        with api.thread_deadline(0.05, raise_on_timeout=False) as scope:
+            spin_forever()
+        reached_after = True
+        return scope, reached_after
+
+    scope, reached_after = where(body)
+    assert reached_after and scope.expired()
+    assert scope.overshoot is not None
+
+
+def test_decorator_makes_a_fresh_scope_per_call(api: Any, where: Any) -> None:
+    @api.thread_deadline(0.05, label="deco")
+    def work(n: float) -> str:
+        burn(n)
+        return "done"
+
+    def body() -> Any:
+        first = work(0.0)
+        with pytest.raises(DeadlineExceeded) as info:
+            work(10)
+        third = work(0.001)
+        return first, info.value.label, third
+
+    assert where(body) == ("done", "deco", "done")
+    assert work.__name__ == "work"
+
+
+def test_nested_outer_deadline_wins(api: Any, where: Any) -> None:
+    def body() -> Any:
+        with pytest.raises(DeadlineExceeded) as info:
+            with api.thread_deadline(0.05, label="outer") as outer:
+                with api.thread_deadline(5, label="inner") as inner:
+                    spin_forever()
+        return info.value.label, outer.expired(), inner.expired()
+
+    assert where(body) == ("outer", True, False)
+
+
+def test_nested_inner_wins_then_outer_still_fires(api: Any, where: Any) -> None:
+    def body() -> Any:
+        events = []
+        with pytest.raises(DeadlineExceeded) as info:
+            with api.thread_deadline(0.15, label="outer") as outer:
+                try:
+                    with api.thread_deadline(0.03, label="inner"):
+                        spin_forever()
+                except DeadlineExceeded as exc:
+                    events.append((exc.label, round(time.monotonic() - outer.entered_at, 2)))
+                spin_forever()  # the outer deadline is re-armed: this ends too
+        return events, info.value.label, outer.elapsed()
+
+    events, label, elapsed = where(body)
+    assert events[0][0] == "inner" and events[0][1] < 0.15
+    assert label == "outer" and 0.15 <= elapsed < 0.15 + LATE
+
+
+def test_inner_scope_never_swallows_an_outer_expiry(api: Any, where: Any) -> None:
+    def body() -> Any:
+        with pytest.raises(DeadlineExceeded) as info:
+            with api.thread_deadline(0.05, label="outer"):
+                # the inner scope does not raise on its own timeout: it must still
+                # let the outer one's interrupt through
+                with api.thread_deadline(5, label="inner", raise_on_timeout=False):
+                    spin_forever()
+                spin_forever()
+        return info.value.label
+
+    assert where(body) == "outer"
+
+
+def test_reschedule_moves_the_deadline(api: Any, where: Any) -> None:
+    def body() -> Any:
+        t0 = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(10) as scope:
+                scope.reschedule(time.monotonic() + 0.05)
+                spin_forever()
+        earlier = time.monotonic() - t0
+        with api.thread_deadline(0.05) as scope2:
+            scope2.reschedule(time.monotonic() + 0.3)
+            burn(0.1)
+        return earlier, scope2.expired(), scope2.when()
+
+    earlier, expired, when = where(body)
+    assert earlier < 0.05 + LATE and not expired and when is not None
+
+
+def test_reschedule_to_the_past_fires_at_once(api: Any) -> None:
+    with pytest.raises(DeadlineExceeded):
+        with api.thread_deadline(10) as scope:
+            scope.reschedule(time.monotonic() - 1)
+            spin_forever()
+
+
+def test_scope_introspection(api: Any) -> None:
+    scope = api.thread_deadline(2.0, label="x")
+    assert scope.when() is None and scope.remaining() == 2.0 and scope.elapsed() == 0.0
+    assert not scope.expired() and scope.label == "x" and scope.limit == 2.0
+    before = time.monotonic()
+    with scope:
+        assert scope.active and api.current_scope() is scope
+        assert before + 2.0 <= scope.when() <= time.monotonic() + 2.0
+        assert 0 < scope.remaining() <= 2.0
+        assert 0 < api.remaining() <= 2.0
+    assert not scope.active and api.current_scope() is None and api.remaining() is None
+    assert scope.exited_at is not None and scope.thread_ident == threading.get_ident()
+
+
+def test_absolute_deadline(api: Any, where: Any) -> None:
+    def body() -> float:
+        when = time.monotonic() + 0.05
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline_at(when) as scope:
+                assert scope.when() == pytest.approx(when, abs=1e-6)
+                spin_forever()
+        return time.monotonic() - when
+
+    assert 0 <= where(body) < LATE
+
+
+def test_none_means_no_deadline(api: Any) -> None:
+    with api.thread_deadline(None) as scope:
+        assert scope.when() is None and scope.remaining() is None
+        assert api.remaining() is None
+        burn(0.01)
+    assert not scope.expired()
+
+
+def test_scope_is_not_reusable_or_reentrant(api: Any) -> None:
+    scope = api.thread_deadline(1)
+    with scope:
+        with pytest.raises(RuntimeError, match="re-entrant"):
+            with scope:
+                pass
+    with pytest.raises(RuntimeError, match="not reusable"):
+        with scope:
+            pass
+
+
+def test_exit_in_another_thread_is_refused(api: Any) -> None:
+    scope = api.thread_deadline(5)
+    scope.__enter__()
+    try:
+        err: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                scope.__exit__(None, None, None)
+            except RuntimeError as exc:
+                err.append(exc)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert err and "thread that entered" in str(err[0])
+    finally:
+        scope.__exit__(None, None, None)
+
+
+def test_shield_holds_the_interrupt_until_it_exits(api: Any, where: Any) -> None:
+    def body() -> Any:
+        finished_cleanup = False
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.03) as scope:
+                with api.shield():
+                    burn(0.1)  # past the deadline, not interrupted
+                    finished_cleanup = True
+                spin_forever()
+        return finished_cleanup, scope.elapsed()
+
+    finished, elapsed = where(body)
+    assert finished and 0.1 <= elapsed < 0.1 + LATE
+
+
+def test_shield_sleep_is_not_cut(api: Any) -> None:
+    with pytest.raises(DeadlineExceeded):
+        with api.thread_deadline(0.02):
+            t0 = time.monotonic()
+            with api.shield():
+                api.sleep(0.06)
+                slept = time.monotonic() - t0
+            spin_forever()  # the held-back interrupt lands at the shield's exit
+    assert slept >= 0.06
+
+
+def test_shield_outside_scope_is_harmless(api: Any) -> None:
+    with api.shield():
+        pass
+
+
+def test_interrupt_never_reaches_another_thread(api: Any) -> None:
+    stop = threading.Event()
+    bystander_errors: list[BaseException] = []
+
+    def bystander() -> None:
+        try:
+            while not stop.is_set():
+                burn(0.001)
+        except BaseException as exc:  # noqa: BLE001 - recorded, then asserted empty
+            bystander_errors.append(exc)
+
+    t = threading.Thread(target=bystander)
+    t.start()
+    try:
+        for _ in range(5):
+            with pytest.raises(DeadlineExceeded):
+                with api.thread_deadline(0.02):
+                    spin_forever()
+    finally:
+        stop.set()
+        t.join()
+    assert bystander_errors == []
+
+
+def test_thread_pool_only_overrunning_tasks_fail(api: Any) -> None:
+    def task(i: int) -> int:
+        with api.thread_deadline(0.5, label=f"task-{i}"):
+            if i % 5 == 0:
+                spin_forever()
+            burn(0.001)
+        return i
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        futures = [pool.submit(task, i) for i in range(40)]
+        failed = {i for i, f in enumerate(futures) if f.exception() is not None}
+        for i, f in enumerate(futures):
+            if i in failed:
+                assert isinstance(f.exception(), DeadlineExceeded)
+            else:
+                assert f.result() == i
+        # the workers are reusable afterwards
+        assert list(pool.map(lambda x: x * 2, range(8))) == [x * 2 for x in range(8)]
+    assert failed == {i for i in range(40) if i % 5 == 0}
+
+
+def test_internal_interrupt_is_a_base_exception() -> None:
+    assert issubclass(_DeadlineInterrupt, BaseException)
+    assert not issubclass(_DeadlineInterrupt, Exception)
+    assert issubclass(DeadlineExceeded, TimeoutError)
+
+
+def test_deadline_exceeded_pickles() -> None:
+    import pickle
+
+    with pytest.raises(DeadlineExceeded) as info:
+        with timeoutcore.thread_deadline(0.01, label="p"):
+            spin_forever()
+    clone = pickle.loads(pickle.dumps(info.value))
+    assert clone.label == "p" and clone.limit == 0.01 and str(clone) == str(info.value)
