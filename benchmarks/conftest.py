@@ -16,6 +16,7 @@ Two kinds of rows are understood:
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ if importlib.util.find_spec("timeoutcore") is None:
     sys.path.insert(0, str(HERE.parent))
 
 _ROWS_KEY = pytest.StashKey[list[dict[str, Any]]]()
+_ENV_KEY = pytest.StashKey[dict[str, Any]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -125,19 +127,22 @@ def _environment() -> dict[str, Any]:
         "kernel": platform.release(),
         "engine": ENGINE,
         "switch_interval_s": sys.getswitchinterval(),
+        "cpus": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
     }
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Print the table (pytest_sessionfinish, which runs first, has completed the rows)."""
     rows = config.stash.get(_ROWS_KEY, [])
-    if not rows:
+    env = config.stash.get(_ENV_KEY, None)
+    if not rows or env is None:
         return
-    _add_ratios(rows)
-    env = _environment()
     terminalreporter.write_sep("=", "timeoutcore benchmark summary")
     terminalreporter.write_line(
         f"CPython {env['python']} {env['machine']}, kernel {env['kernel']}, "
-        f"engine {env['engine']}, switch interval {env['switch_interval_s'] * 1e3:g} ms"
+        f"engine {env['engine']}, switch interval {env['switch_interval_s'] * 1e3:g} ms, "
+        f"{env['cpus']} CPUs, load {env['loadavg_1m']}"
     )
     for line in _table(rows):
         terminalreporter.write_line(line)
@@ -153,7 +158,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not rows:
         return
     _add_ratios(rows)
-    payload = {"environment": _environment(), "results": rows}
+    env = session.config.stash[_ENV_KEY] = _environment()
+    payload = {"environment": env, "results": rows}
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / ".gitignore").write_text("# run-time output of the benchmarks\n*\n")
     try:

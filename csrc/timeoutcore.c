@@ -427,6 +427,18 @@ static void slot_publish(tc_slot *s)
     wd_notify(d);
 }
 
+/* Raise the interrupt synchronously in the owner thread (GIL held), taking
+ * back any copy the watchdog left pending: a pending one would be raised
+ * again at the next instruction -- on 3.9/3.10 possibly the first one of a
+ * with-handler, skipping that __exit__. */
+static PyObject *raise_here(tc_slot *s)
+{
+    if (atomic_load(&s->state) == SLOT_INJECTED)
+        PyThreadState_SetAsyncExc(s->ident, NULL);
+    PyErr_SetNone(g_interrupt);
+    return NULL;
+}
+
 /* Mark the outermost due scope as fired and raise the interrupt in the
  * slot's thread.  GIL held.  `local`: we are that thread, set the error
  * directly (caller returns NULL); else inject asynchronously and kick. */
@@ -445,7 +457,7 @@ static int fire(tc_slot *s, int64_t now, int local)
     atomic_store(&s->reinject_at, now + s->reinject_step);
     STAT_INC(fires);
     if (local) {
-        PyErr_SetNone(g_interrupt);
+        raise_here(s);
         return 1;
     }
     PyThreadState_SetAsyncExc(s->ident, g_interrupt);
@@ -455,14 +467,69 @@ static int fire(tc_slot *s, int64_t now, int local)
     return 1;
 }
 
+/* The thread state of `ident`, or NULL.  GIL held (thread states are only
+ * unlinked by threads holding the GIL). */
+static PyThreadState *find_tstate(unsigned long ident)
+{
+    PyThreadState *me = PyThreadState_Get();
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(me);
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(interp); t != NULL;
+         t = PyThreadState_Next(t))
+        if (t->thread_id == ident)
+            return t;
+    return NULL;
+}
+
+#if PY_VERSION_HEX < 0x030C0000
+static int is_interrupt_type(PyObject *t)
+{
+    return t != NULL && t != Py_None && PyType_Check(t) &&
+           PyType_IsSubtype((PyTypeObject *)t, (PyTypeObject *)g_interrupt);
+}
+#endif
+
+static int is_interrupt_value(PyObject *v)
+{
+    return v != NULL && v != Py_None && PyObject_TypeCheck(v, (PyTypeObject *)g_interrupt);
+}
+
+/* Is our interrupt being raised, or handled (except/finally/__exit__), in
+ * that thread right now?  Then it has not been swallowed and must not be
+ * raised again: on 3.9/3.10 a second one landing on the first instruction of
+ * a with-handler would skip that __exit__.  GIL held; reads the target's
+ * thread state, which cannot change while we hold the GIL. */
+static int interrupt_in_flight(PyThreadState *t)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (is_interrupt_value(t->current_exception))
+        return 1;
+#else
+    if (is_interrupt_type(t->curexc_type))
+        return 1;
+#endif
+    for (_PyErr_StackItem *it = t->exc_info; it != NULL; it = it->previous_item) {
+#if PY_VERSION_HEX < 0x030B0000
+        if (is_interrupt_type(it->exc_type))
+            return 1;
+#endif
+        if (is_interrupt_value(it->exc_value))
+            return 1;
+    }
+    return 0;
+}
+
 static void reinject(tc_slot *s, int64_t now)
 {
+    PyThreadState *t;
     if (atomic_load(&s->shield) > 0 || s->fired == NULL)
         return;
-    PyThreadState_SetAsyncExc(s->ident, g_interrupt);
     if (s->reinject_step < 100000000)
         s->reinject_step *= 2;
     atomic_store(&s->reinject_at, now + s->reinject_step);
+    t = find_tstate(s->ident);
+    if (t == NULL || interrupt_in_flight(t))
+        return;
+    PyThreadState_SetAsyncExc(s->ident, g_interrupt);
     STAT_INC(reinjections);
     atomic_fetch_add(&s->wake, 1);
     futex_wake_all(&s->wake);
@@ -856,7 +923,7 @@ static PyObject *Scope_enter(PyObject *self, PyObject *unused)
         PyErr_Occurred() == NULL) {
         /* An enclosing scope has fired and the body carried on (it swallowed
          * the interrupt).  Nothing new may start inside it: raise again. */
-        return (PyErr_SetNone(g_interrupt), NULL);
+        return raise_here(s);
     }
     now = now_ns();
     if (!sc->has_deadline_arg)
@@ -1222,7 +1289,7 @@ static PyObject *Shield_exit(PyObject *self, PyObject *const *args, Py_ssize_t n
                 fire(s, now, 1);
             else {
                 atomic_store(&s->reinject_at, now + s->reinject_step);
-                PyErr_SetNone(g_interrupt);
+                raise_here(s);
             }
             return NULL;
         }
@@ -1278,7 +1345,7 @@ static PyObject *mod_sleep(PyObject *m, PyObject *arg)
             seen = atomic_load(&s->wake);
             if (atomic_load(&s->shield) == 0) {
                 if (atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL)
-                    return (PyErr_SetNone(g_interrupt), NULL);
+                    return raise_here(s);
                 dl = atomic_load(&s->deadline);
             }
         }
@@ -1297,7 +1364,7 @@ static PyObject *mod_sleep(PyObject *m, PyObject *arg)
         now = now_ns();
         if (s != NULL && atomic_load(&s->shield) == 0) {
             if (atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL)
-                return (PyErr_SetNone(g_interrupt), NULL);
+                return raise_here(s);
             if (atomic_load(&s->deadline) <= now && fire(s, now, 1))
                 return NULL;
         }

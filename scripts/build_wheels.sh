@@ -107,7 +107,11 @@ snapshot() {
 test_wheel() {
     local key="$1" py="$2" whl="$3" dir="$4" from="$5" rc=0 out
     "$py" -m venv "$dir/venv"
-    "$dir/venv/bin/python" -m pip install -q --disable-pip-version-check "${whl}[test]" pytest
+    if ! "$dir/venv/bin/python" -m pip install --disable-pip-version-check "${whl}[test]" pytest \
+        >"$dir/pip-install.log" 2>&1; then
+        tail -n 40 "$dir/pip-install.log"
+        return 1
+    fi
     mkdir -p "$dir/run"
     cp -r "$from/tests" "$dir/run/"
     cp "$from/pyproject.toml" "$dir/run/"
@@ -188,9 +192,9 @@ sdist_check() {
     if [ "${#problems[@]}" -gt 0 ]; then
         printf '  sdist: %s\n' "${problems[@]}"
         result sdist.contents "INCOMPLETE: ${problems[*]}"
-        return 1
+    else
+        result sdist.contents "complete"
     fi
-    result sdist.contents "complete"
 
     # The sdist alone: unpacked where no other file of the project is.
     mkdir -p "$d/unpacked"
@@ -206,6 +210,7 @@ sdist_check() {
     echo "  built: $(basename "$whl")"
     result sdist.wheel "$(basename "$whl")"
     test_wheel sdist "${PY[3.13]}" "$whl" "$d/test" "$src"
+    [ "${#problems[@]}" -eq 0 ] # an incomplete sdist fails the step even if it built
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ class _Watchdog:
                     if st.shield:
                         continue
                     if st.fired is not None:
-                        if st.reinject_at <= now:
+                        if st.reinject_at <= now and not st.fired._exiting:
                             _inject(st.ident, _DeadlineInterrupt)
                             st.step = min(st.step * 2, 0.1)
                             st.reinject_at = now + st.step
@@ -178,7 +178,7 @@ class Scope:
 
     __slots__ = (
         "_label", "_seconds", "_deadline", "_raise", "_has_deadline", "_state", "_expired",
-        "_entered", "_exited", "_fired_at", "_st", "_ident",
+        "_entered", "_exited", "_fired_at", "_st", "_ident", "_exiting",
     )
 
     def __init__(
@@ -211,6 +211,7 @@ class Scope:
         self._fired_at = 0.0
         self._st: Optional[_ThreadState] = None
         self._ident: Optional[int] = None
+        self._exiting = False
 
     def __enter__(self) -> Any:
         if self._state != 0:
@@ -236,6 +237,7 @@ class Scope:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        self._exiting = True  # first: the watchdog stops re-raising into this exit
         st = self._st
         if self._state != 1:
             raise RuntimeError("__exit__ of a deadline scope that is not active")
