@@ -95,6 +95,20 @@ def _expose_pyenv_interpreters() -> None:
 _expose_pyenv_interpreters()
 
 
+def _install_project(session: nox.Session, spec: str, *more: str) -> None:
+    """``pip install`` the work tree with setuptools' build folder in the session's tmp.
+
+    The default, ./build, is shared with anyone's ``setup.py build_ext --inplace`` and with the
+    other sessions, and setuptools skips compiling when the built module is newer than the .c
+    files, even if only csrc/timeoutcore.h changed. DIST_EXTRA_CONFIG (read by setuptools'
+    distutils) moves the build folder out of the tree and forces build_ext to recompile.
+    """
+    tmp = Path(session.create_tmp())
+    cfg = tmp / "setuptools-build.cfg"
+    cfg.write_text(f"[build]\nbuild_base = {tmp / 'build'}\n\n[build_ext]\nforce = 1\n")
+    session.install(spec, *more, env={"DIST_EXTRA_CONFIG": str(cfg)})
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check over the whole repository (config: [tool.ruff] in pyproject.toml)."""
@@ -106,14 +120,14 @@ def lint(session: nox.Session) -> None:
 def types(session: nox.Session) -> None:
     """mypy --strict (config: [tool.mypy] in pyproject.toml) over the timeoutcore package."""
     # The package itself brings cffi (imported by _ffi_build.py); types-cffi gives it types.
-    session.install(".", MYPY, TYPES_CFFI)
+    _install_project(session, ".", MYPY, TYPES_CFFI)
     session.run("mypy", "timeoutcore", *session.posargs)
 
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """Build and install the package (compiles the C core), then run the test suite."""
-    session.install(".[test]")
+    _install_project(session, ".[test]")
     # From a scratch folder: proves the installed wheel (not ./timeoutcore) loads natively.
     session.chdir(session.create_tmp())
     session.run("python", "-I", "-c", CHECK_INSTALLED, env={"TIMEOUTCORE_ENGINE": "native"})

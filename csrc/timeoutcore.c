@@ -375,6 +375,17 @@ static inline void wd_notify(int64_t deadline)
         wd_wake();
 }
 
+/* CPython 3.13 can leave a frame without running its with-exits when an
+ * exception is raised at the back-edge of a `while <cond>:` loop
+ * (cpython#130279).  There, each scope remembers the frame of its with
+ * statement, so that a scope whose frame is no longer running can be found
+ * and dropped instead of firing into unrelated code. */
+#if PY_VERSION_HEX >= 0x030D0000 && PY_VERSION_HEX < 0x030E0000
+#define TC_TRACK_FRAMES 1
+#else
+#define TC_TRACK_FRAMES 0
+#endif
+
 typedef struct Scope Scope;
 struct Scope {
     PyObject_HEAD
@@ -391,6 +402,9 @@ struct Scope {
     int expired;           /* this scope's deadline fired */
     int has_deadline_arg;  /* deadline given at construction (absolute) */
     unsigned long ident;   /* thread that entered it */
+#if TC_TRACK_FRAMES
+    PyObject *frame;       /* frame of the with statement, while active */
+#endif
 };
 enum { SCOPE_NEW = 0, SCOPE_ACTIVE = 1, SCOPE_DONE = 2 };
 
@@ -574,9 +588,37 @@ static wd_event wd_plan(void)
     return ev;
 }
 
+#if TC_TRACK_FRAMES
+static int prune_stale(tc_slot *s, PyFrameObject *cur);
+
+/* Before acting on due slots: drop scopes whose frame is gone (3.13).  Done
+ * without g_mu: dropping a scope may run arbitrary finalizers. */
+static void wd_prune(int64_t now)
+{
+    tc_slot *due[64];
+    int n = 0;
+    pthread_mutex_lock(&g_mu);
+    for (tc_slot *s = g_slots; s != NULL && n < 64; s = s->next) {
+        int st = atomic_load(&s->state);
+        if (s->alive && ((st == SLOT_ARMED && atomic_load(&s->deadline) <= now) ||
+                         (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)))
+            due[n++] = s;
+    }
+    pthread_mutex_unlock(&g_mu);
+    for (int i = 0; i < n; i++) {
+        PyThreadState *t = find_tstate(due[i]->ident);
+        if (t != NULL && prune_stale(due[i], PyThreadState_GetFrame(t)))
+            slot_publish(due[i]);
+    }
+}
+#endif
+
 /* With the GIL: handle every slot that is due now. */
 static void wd_sweep(int64_t now)
 {
+#if TC_TRACK_FRAMES
+    wd_prune(now);
+#endif
     pthread_mutex_lock(&g_mu);
     for (tc_slot *s = g_slots; s != NULL; s = s->next) {
         if (!s->alive)
@@ -727,6 +769,9 @@ static void stack_clear(tc_slot *s)
         sc->parent = NULL;
         sc->state = SCOPE_DONE;
         sc->slot = NULL;
+#if TC_TRACK_FRAMES
+        Py_CLEAR(sc->frame);
+#endif
         Py_DECREF(p);
         p = parent;
     }
@@ -745,6 +790,9 @@ static int pop_stale_above(tc_slot *s, PyObject *target)
         sc->parent = NULL;
         sc->state = SCOPE_DONE;
         sc->exited = now_ns();
+#if TC_TRACK_FRAMES
+        Py_CLEAR(sc->frame);
+#endif
         if (s->fired == p)
             s->fired = NULL;
         Py_DECREF(p);
@@ -753,6 +801,57 @@ static int pop_stale_above(tc_slot *s, PyObject *target)
     }
     return n;
 }
+
+#if TC_TRACK_FRAMES
+/* Is `frame` on the stack that starts at `cur` (a new reference, consumed)? */
+static int frame_running(PyObject *frame, PyFrameObject *cur)
+{
+    while (cur != NULL) {
+        PyFrameObject *back;
+        if ((PyObject *)cur == frame) {
+            Py_DECREF(cur);
+            return 1;
+        }
+        back = PyFrame_GetBack(cur);
+        Py_DECREF(cur);
+        cur = back;
+    }
+    return 0;
+}
+
+/* Drop the scopes whose with statement's frame is no longer running in the
+ * thread whose innermost frame is `cur` (new reference, consumed): the
+ * outermost such scope and everything above it.  GIL held.  Returns 1 if
+ * anything was dropped. */
+static int prune_stale(tc_slot *s, PyFrameObject *cur)
+{
+    PyObject *stale = NULL;
+    for (PyObject *p = s->top; p != NULL; p = as_scope(p)->parent) {
+        PyObject *f = as_scope(p)->frame;
+        Py_XINCREF(cur);
+        if (f != NULL && !frame_running(f, cur))
+            stale = p; /* keep going: the outermost one counts */
+    }
+    Py_XDECREF(cur);
+    if (stale == NULL)
+        return 0;
+    pop_stale_above(s, stale);           /* everything above it */
+    s->top = as_scope(stale)->parent;    /* and the stale scope itself: its */
+    as_scope(stale)->parent = NULL;      /* reference moves to the slot    */
+    as_scope(stale)->state = SCOPE_DONE;
+    Py_CLEAR(as_scope(stale)->frame);
+    as_scope(stale)->slot = NULL;
+    if (s->fired == stale)
+        s->fired = NULL;
+    Py_DECREF(stale);
+    STAT_INC(stale_scopes);
+    if (s->fired == NULL && atomic_load(&s->state) == SLOT_INJECTED) {
+        PyThreadState_SetAsyncExc(s->ident, NULL);
+        atomic_store(&s->state, SLOT_IDLE);
+    }
+    return 1;
+}
+#endif
 
 /* Clear a pending interrupt that we raised and nobody consumed yet. */
 static void clear_injected(tc_slot *s)
@@ -867,6 +966,9 @@ static int Scope_traverse(PyObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(as_scope(self)->label);
     Py_VISIT(as_scope(self)->parent);
+#if TC_TRACK_FRAMES
+    Py_VISIT(as_scope(self)->frame);
+#endif
     Py_VISIT(Py_TYPE(self));
     return 0;
 }
@@ -875,6 +977,9 @@ static int Scope_clear(PyObject *self)
 {
     Py_CLEAR(as_scope(self)->label);
     Py_CLEAR(as_scope(self)->parent);
+#if TC_TRACK_FRAMES
+    Py_CLEAR(as_scope(self)->frame);
+#endif
     return 0;
 }
 
@@ -919,6 +1024,18 @@ static PyObject *Scope_enter(PyObject *self, PyObject *unused)
     s = t_slot;
     if (s == NULL && (s = slot_get()) == NULL)
         return NULL;
+#if TC_TRACK_FRAMES
+    {
+        PyFrameObject *f = PyEval_GetFrame();
+        if (s->top != NULL) {
+            Py_XINCREF(f);
+            if (prune_stale(s, f))
+                slot_publish(s);
+        }
+        Py_XINCREF(f);
+        Py_XSETREF(sc->frame, (PyObject *)f);
+    }
+#endif
     if (s->top != NULL && atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL &&
         PyErr_Occurred() == NULL) {
         /* An enclosing scope has fired and the body carried on (it swallowed
@@ -1001,6 +1118,9 @@ static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
     sc->state = SCOPE_DONE;
     sc->exited = now;
     sc->slot = NULL;
+#if TC_TRACK_FRAMES
+    Py_CLEAR(sc->frame); /* no finalizer can run: the with statement holds it */
+#endif
     if (s->fired == self) {
         claimed = 1;
         clear_injected(s);

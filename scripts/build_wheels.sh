@@ -177,7 +177,7 @@ sdist_check() {
     name="$(basename "$sd")"
     result sdist.name "$name"
     echo "  built: $name"
-    tar -tzf "$sd" | sed -n 's|^[^/]*/||p' | grep -v '/$' | sort >"$d/contents.txt"
+    tar -tzf "$sd" | sed -n 's|^[^/]*/||p' | grep -v -e '/$' -e '^$' | sort >"$d/contents.txt"
     sed 's/^/  | /' "$d/contents.txt"
     # Required files, and every C source/header and test file of the work tree.
     for f in setup.py pyproject.toml README.md MANIFEST.in timeoutcore/py.typed \

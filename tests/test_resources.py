@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -41,12 +42,15 @@ def settled_timers(expected: int) -> int:
 def run_python(code: str, env: Any = None, timeout: float = 60) -> subprocess.CompletedProcess:
     full_env = dict(os.environ)
     full_env.update(env or {})
+    # a neutral working directory: `python -c` puts it first on sys.path, and the
+    # source folder must not shadow the installed package
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=full_env,
+        cwd=tempfile.gettempdir(),
     )
 
 
@@ -158,9 +162,10 @@ def test_fork_warning_does_not_count_the_watchdog() -> None:
     code = """
         import os, warnings
         import timeoutcore
+        from timeoutcore import _native
         with timeoutcore.thread_deadline(5):
             pass
-        assert timeoutcore._native.core._watchdog_running()
+        assert _native.core._watchdog_running()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             pid = os.fork()
