@@ -19,12 +19,12 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
 _NEVER = math.inf
-_addr = ctypes.cast(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_void_p).value
+_addr = ctypes.cast(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_void_p).value or 0
 # Two prototypes of the same C function: raise a class, or clear with NULL.
 _set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(_addr)
 _clear_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(_addr)
@@ -377,7 +377,7 @@ class Shield:
         self._state = 1
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: Any) -> Literal[False]:
         st = self._st
         if self._state != 1 or st is None or st is not getattr(_wd.local, "st", None):
             raise RuntimeError("shield exited twice or in another thread than it was entered")

@@ -22,7 +22,7 @@ if sysconfig.get_config_var("Py_GIL_DISABLED"):
         "rather than guess (set TIMEOUTCORE_ENGINE=fallback to use the pure-Python engine)"
     )
 
-from ._timeoutcore import ffi, lib  # noqa: E402  (after the platform checks)
+from ._timeoutcore import ffi, lib  # type: ignore[import-not-found]  # noqa: E402
 
 _MODNAME = "timeoutcore._core"
 

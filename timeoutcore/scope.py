@@ -35,7 +35,8 @@ class _ScopeMixin:
 
         @functools.wraps(fn)
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            with cls(limit, label=label, raise_on_timeout=raise_on_timeout, deadline=when):  # type: ignore[call-arg]
+            new: Any = cls(limit, label=label, raise_on_timeout=raise_on_timeout, deadline=when)  # type: ignore[call-arg]
+            with new:
                 return fn(*args, **kwargs)
 
         return guarded  # type: ignore[return-value]
@@ -47,7 +48,7 @@ class _ScopeMixin:
         return f"<DeadlineScope label={scope.label!r} limit={scope.limit!r} {state}{fired}>"
 
 
-class DeadlineScope(_ScopeMixin, core.Scope):  # type: ignore[misc, name-defined]
+class DeadlineScope(_ScopeMixin, core.Scope):  # type: ignore[misc]
     """A hard deadline for the block it guards, in the thread that enters it.
 
     ``thread_deadline(seconds, *, label=None, raise_on_timeout=True)`` returns one.
