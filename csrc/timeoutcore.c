@@ -1493,6 +1493,24 @@ static PyObject *mod_sleep(PyObject *m, PyObject *arg)
     }
 }
 
+/* checkpoint(): raise the interrupt here if this thread's deadline has
+ * passed (or has fired and was swallowed); else return None.  For waits that
+ * end by their own timeout at the deadline. */
+static PyObject *mod_checkpoint(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    tc_slot *s = t_slot;
+    if (s == NULL || s->top == NULL || atomic_load(&s->shield) > 0)
+        Py_RETURN_NONE;
+    if (atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL)
+        return raise_here(s);
+    int64_t now = now_ns();
+    if (atomic_load(&s->deadline) <= now && fire(s, now, 1))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_remaining(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -1586,6 +1604,8 @@ static PyObject *mod_ensure_watchdog(PyObject *m, PyObject *unused)
 static PyMethodDef mod_methods[] = {
     {"sleep", mod_sleep, METH_O,
      "sleep(seconds): like time.sleep, but ends at this thread's deadline and raises there."},
+    {"checkpoint", mod_checkpoint, METH_NOARGS,
+     "checkpoint(): raise here if this thread's deadline has passed; else None."},
     {"remaining", mod_remaining, METH_NOARGS,
      "Seconds left before this thread's earliest deadline, or None when unguarded."},
     {"current_scope", mod_current, METH_NOARGS,

@@ -414,3 +414,23 @@ def test_scope_whose_exit_was_skipped_never_fires_again() -> None:
         allowed = {"DeadlineExceeded"}
     assert len(outcomes) == 5 and set(outcomes) <= allowed
     assert not expired and left is None
+
+
+def test_checkpoint_raises_only_past_the_deadline(api: Any, where: Any) -> None:
+    import timeoutcore._fallback as fb
+
+    checkpoint = timeoutcore.checkpoint if api.name != "fallback" else fb.checkpoint
+
+    def body() -> Any:
+        checkpoint()  # unguarded: nothing
+        with api.thread_deadline(5):
+            checkpoint()  # in time: nothing
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.02):
+                with api.shield():
+                    time.sleep(0.03)  # the deadline passes while shielded
+                    checkpoint()  # held back inside a shield
+                checkpoint()  # never reached: the shield's exit delivers it
+        return True
+
+    assert where(body)

@@ -10,6 +10,7 @@ from ._engine import ENGINE
 from .errors import DeadlineExceeded, SoftDeadlineExceeded
 from .scope import (
     DeadlineScope,
+    checkpoint,
     current_scope,
     remaining,
     shield,
@@ -25,6 +26,7 @@ __all__ = [
     "DeadlineExceeded",
     "DeadlineScope",
     "SoftDeadlineExceeded",
+    "checkpoint",
     "current_scope",
     "remaining",
     "shield",

@@ -421,6 +421,20 @@ def sleep(seconds: float) -> None:
             st.cond.wait(max(until - now, 0))
 
 
+def checkpoint() -> None:
+    """Raise here if this thread's deadline has passed; else return None."""
+    st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+    if st is None or not st.stack or st.shield:
+        return
+    if st.fired is not None:
+        _clear(st.ident)
+        raise _DeadlineInterrupt
+    now = time.monotonic()
+    if st.deadline() <= now:
+        with _wd.lock:
+            _wd.fire(st, now, True)
+
+
 def remaining() -> Optional[float]:
     """Seconds left before this thread's earliest deadline, or None when unguarded."""
     st: Optional[_ThreadState] = getattr(_wd.local, "st", None)

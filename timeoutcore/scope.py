@@ -84,6 +84,16 @@ def sleep(seconds: float) -> None:
     core.sleep(seconds)
 
 
+def checkpoint() -> None:
+    """Raise the deadline interrupt here if the current thread's deadline has passed.
+
+    For code that waits with its own timeout (``min(timeout, remaining())``): call it when
+    the wait returns, and the block ends precisely at its deadline. Cheap: one thread-local
+    look-up and a clock read. Outside any scope, and inside ``shield()``, it does nothing.
+    """
+    core.checkpoint()
+
+
 def remaining() -> Optional[float]:
     """Seconds left before the current thread's earliest deadline; ``None`` when unguarded."""
     result: Optional[float] = core.remaining()
