@@ -59,6 +59,8 @@ typedef struct tc_slot {
     int64_t reinject_step;
     _Atomic uint32_t wake;         /* futex word for sleep()               */
     _Atomic uint64_t signals;      /* bumped by the signal handler         */
+    _Atomic uint32_t raised;       /* bumped when another exception was
+                                      raised in the thread (soft limit)     */
     /* GIL-protected */
     PyObject *top;                 /* innermost active scope (strong)      */
     PyObject *fired;               /* scope whose deadline fired (borrowed:
@@ -84,6 +86,7 @@ static struct {
 
 /* Python objects, set by _setup(); owned by the module */
 static PyObject *g_interrupt;   /* internal BaseException subclass */
+static PyObject *g_default_hook; /* given to every new scope, or NULL */
 static PyObject *g_exceeded;    /* DeadlineExceeded */
 
 static inline int64_t now_ns(void)
@@ -401,6 +404,10 @@ struct Scope {
     int raise_on_timeout;
     int expired;           /* this scope's deadline fired */
     int has_deadline_arg;  /* deadline given at construction (absolute) */
+    int soft_pending;      /* _raise_in_scope() raised into this block */
+    pid_t native_id;       /* kernel thread id of the thread that entered it */
+    PyObject *hook;        /* hook(scope, "enter"|"exit", exc) or NULL */
+    PyObject *exit_exc;    /* the exception the block ended with, or NULL */
     unsigned long ident;   /* thread that entered it */
 #if TC_TRACK_FRAMES
     PyObject *frame;       /* frame of the with statement, while active */
@@ -959,6 +966,8 @@ static int Scope_init(PyObject *self, PyObject *args, PyObject *kw)
     sc->raise_on_timeout = raise_on_timeout;
     Py_INCREF(label);
     Py_XSETREF(sc->label, label);
+    Py_XINCREF(g_default_hook);
+    Py_XSETREF(sc->hook, g_default_hook);
     return 0;
 }
 
@@ -966,6 +975,8 @@ static int Scope_traverse(PyObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(as_scope(self)->label);
     Py_VISIT(as_scope(self)->parent);
+    Py_VISIT(as_scope(self)->hook);
+    Py_VISIT(as_scope(self)->exit_exc);
 #if TC_TRACK_FRAMES
     Py_VISIT(as_scope(self)->frame);
 #endif
@@ -977,6 +988,8 @@ static int Scope_clear(PyObject *self)
 {
     Py_CLEAR(as_scope(self)->label);
     Py_CLEAR(as_scope(self)->parent);
+    Py_CLEAR(as_scope(self)->hook);
+    Py_CLEAR(as_scope(self)->exit_exc);
 #if TC_TRACK_FRAMES
     Py_CLEAR(as_scope(self)->frame);
 #endif
@@ -1042,6 +1055,13 @@ static PyObject *Scope_enter(PyObject *self, PyObject *unused)
          * the interrupt).  Nothing new may start inside it: raise again. */
         return raise_here(s);
     }
+    if (sc->hook != NULL) {
+        /* Before anything is armed: if the hook fails, nothing is left. */
+        PyObject *r = PyObject_CallFunction(sc->hook, "OsO", self, "enter", Py_None);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
     now = now_ns();
     if (!sc->has_deadline_arg)
         sc->deadline = isnan(sc->seconds) ? TC_NEVER : now + (int64_t)(sc->seconds * 1e9);
@@ -1051,12 +1071,13 @@ static PyObject *Scope_enter(PyObject *self, PyObject *unused)
     sc->state = SCOPE_ACTIVE;
     sc->slot = s;
     sc->ident = s->ident;
+    sc->native_id = s->tid;
     Py_XSETREF(sc->parent, s->top); /* steals the slot's reference */
     Py_INCREF(self);
     s->top = self;
     if (sc->deadline <= now && atomic_load(&s->shield) == 0) {
-        /* Already past: fire here, synchronously.  The with statement has
-         * not started yet, so unwind the scope we just pushed. */
+        /* Already past: the watchdog fires at once (raising here would
+         * escape: the with statement has not started its block yet). */
         slot_publish(s);
     }
     else if (sc->deadline < atomic_load(&s->deadline) || s->top == self) {
@@ -1090,6 +1111,32 @@ static void raise_exceeded(PyObject *self, int interrupt_was_in_flight)
         PyErr_Restore(et, ev, tb);
     }
     Py_DECREF(exc);
+}
+
+/* Call the scope's hook at exit, shielded: the block is over, no deadline
+ * interrupt may land in the hook.  A failing hook is reported as unraisable.
+ * Returns 1 if an enclosing scope's interrupt was held back meanwhile. */
+static int run_exit_hook(tc_slot *s, PyObject *self, PyObject *exc)
+{
+    PyObject *hook = as_scope(self)->hook, *r, *et, *ev, *tb;
+    int held;
+    atomic_fetch_add(&s->shield, 1);
+    if (s->fired != NULL && atomic_load(&s->state) == SLOT_INJECTED)
+        PyThreadState_SetAsyncExc(s->ident, NULL);
+    PyErr_Fetch(&et, &ev, &tb);
+    Py_INCREF(hook);
+    r = PyObject_CallFunction(hook, "OsO", self, "exit", exc);
+    if (r == NULL)
+        PyErr_WriteUnraisable(hook);
+    Py_XDECREF(r);
+    Py_DECREF(hook);
+    PyErr_Restore(et, ev, tb);
+    atomic_fetch_sub(&s->shield, 1);
+    atomic_fetch_add(&s->gen, 1);
+    held = s->fired != NULL || (s->top != NULL && stack_due(s->top, now_ns()) != NULL);
+    if (!held)
+        wd_notify(atomic_load(&s->deadline));
+    return held;
 }
 
 static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -1128,9 +1175,26 @@ static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
     else if (atomic_load(&s->state) == SLOT_INJECTED && s->fired == NULL) {
         atomic_store(&s->state, SLOT_IDLE); /* a shielded or stale leftover */
     }
+    if (sc->soft_pending) {
+        /* A soft-limit exception raised into the block and not delivered
+         * must not land after it.  (A pending interrupt of an enclosing scope
+         * cleared with it is raised again by the watchdog.) */
+        sc->soft_pending = 0;
+        PyThreadState_SetAsyncExc(s->ident, NULL);
+    }
     slot_publish(s);
+    if (nargs > 1 && args[1] != Py_None) {
+        Py_INCREF(args[1]);
+        Py_XSETREF(sc->exit_exc, args[1]);
+    }
     in_flight = exc_type != Py_None && PyType_Check(exc_type) &&
                 PyObject_IsSubclass(exc_type, g_interrupt) == 1;
+    if (sc->hook != NULL && run_exit_hook(s, self, nargs > 1 ? args[1] : Py_None)) {
+        /* an enclosing scope fired while the hook ran: deliver it now */
+        Py_DECREF(self);
+        raise_here(s);
+        return NULL;
+    }
     if (!claimed && s->top != NULL && stack_due(s->top, now) != NULL && s->fired == NULL &&
         atomic_load(&s->shield) == 0) {
         /* An enclosing deadline passed meanwhile: it fires now, here. */
@@ -1293,6 +1357,52 @@ static PyObject *Scope_get_raise(PyObject *self, void *c)
     return PyBool_FromLong(as_scope(self)->raise_on_timeout);
 }
 
+static PyObject *Scope_get_native_id(PyObject *self, void *c)
+{
+    (void)c;
+    if (as_scope(self)->state == SCOPE_NEW)
+        Py_RETURN_NONE;
+    return PyLong_FromLong((long)as_scope(self)->native_id);
+}
+
+static PyObject *Scope_get_exit_exc(PyObject *self, void *c)
+{
+    (void)c;
+    PyObject *e = as_scope(self)->exit_exc;
+    if (e == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(e);
+    return e;
+}
+
+static PyObject *Scope_get_hook(PyObject *self, void *c)
+{
+    (void)c;
+    PyObject *h = as_scope(self)->hook;
+    if (h == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(h);
+    return h;
+}
+
+static int Scope_set_hook(PyObject *self, PyObject *value, void *c)
+{
+    (void)c;
+    if (as_scope(self)->state != SCOPE_NEW) {
+        PyErr_SetString(PyExc_RuntimeError, "a scope's hook can only be set before it is entered");
+        return -1;
+    }
+    if (value != NULL && value != Py_None && !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "_hook must be callable or None");
+        return -1;
+    }
+    if (value == Py_None)
+        value = NULL;
+    Py_XINCREF(value);
+    Py_XSETREF(as_scope(self)->hook, value);
+    return 0;
+}
+
 static PyObject *Scope_get_thread_ident(PyObject *self, void *c)
 {
     (void)c;
@@ -1329,6 +1439,12 @@ static PyGetSetDef Scope_getset[] = {
     {"used", Scope_get_used, NULL, "True once entered.", NULL},
     {"raise_on_timeout", Scope_get_raise, NULL, "Whether expiry raises DeadlineExceeded.",
      NULL},
+    {"native_id", Scope_get_native_id, NULL,
+     "Kernel thread id of the thread that entered it, or None.", NULL},
+    {"exit_exception", Scope_get_exit_exc, NULL,
+     "The exception the block ended with (as passed to __exit__), or None.", NULL},
+    {"_hook", Scope_get_hook, Scope_set_hook,
+     "Internal: hook(scope, 'enter'|'exit', exc), called around the block.", NULL},
     {"thread_ident", Scope_get_thread_ident, NULL,
      "threading.get_ident() of the thread that entered it, or None.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -1457,6 +1573,7 @@ static PyObject *mod_sleep(PyObject *m, PyObject *arg)
         return NULL;
     }
     target = now_ns() + (int64_t)(secs * 1e9);
+    uint32_t raised0 = s != NULL ? atomic_load(&s->raised) : 0;
     for (;;) {
         int64_t dl = TC_NEVER;
         uint32_t seen = 0;
@@ -1482,6 +1599,8 @@ static PyObject *mod_sleep(PyObject *m, PyObject *arg)
         if (PyErr_CheckSignals() < 0)
             return NULL;
         now = now_ns();
+        if (s != NULL && atomic_load(&s->raised) != raised0)
+            Py_RETURN_NONE; /* a soft-limit exception is pending: let it land */
         if (s != NULL && atomic_load(&s->shield) == 0) {
             if (atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL)
                 return raise_here(s);
@@ -1541,6 +1660,59 @@ static PyObject *mod_shield(PyObject *m, PyObject *unused)
     (void)m;
     (void)unused;
     return PyObject_CallNoArgs(g_shield_type);
+}
+
+/* _set_default_hook(hook or None): every scope created from now on gets it. */
+static PyObject *mod_set_default_hook(PyObject *m, PyObject *hook)
+{
+    (void)m;
+    if (hook != Py_None && !PyCallable_Check(hook)) {
+        PyErr_SetString(PyExc_TypeError, "the default hook must be callable or None");
+        return NULL;
+    }
+    if (hook == Py_None)
+        Py_CLEAR(g_default_hook);
+    else {
+        Py_INCREF(hook);
+        Py_XSETREF(g_default_hook, hook);
+    }
+    Py_RETURN_NONE;
+}
+
+/* _raise_in_scope(scope, exc_type) -> bool: raise exc_type asynchronously in
+ * the thread running `scope`, if the scope is still active, not shielded and
+ * its deadline has not fired.  Atomic with respect to the scope's exit (both
+ * hold the GIL); the exit takes back an undelivered one. */
+static PyObject *mod_raise_in_scope(PyObject *m, PyObject *args)
+{
+    (void)m;
+    PyObject *scope, *exc;
+    Scope *sc;
+    tc_slot *s;
+    if (!PyArg_ParseTuple(args, "OO:_raise_in_scope", &scope, &exc))
+        return NULL;
+    if (!PyObject_TypeCheck(scope, (PyTypeObject *)g_scope_type)) {
+        PyErr_SetString(PyExc_TypeError, "_raise_in_scope() needs a deadline scope");
+        return NULL;
+    }
+    if (!PyType_Check(exc) || !PyType_IsSubtype((PyTypeObject *)exc,
+                                                 (PyTypeObject *)PyExc_BaseException)) {
+        PyErr_SetString(PyExc_TypeError, "_raise_in_scope() needs an exception class");
+        return NULL;
+    }
+    sc = as_scope(scope);
+    s = sc->slot;
+    if (sc->state != SCOPE_ACTIVE || s == NULL || atomic_load(&s->shield) > 0 ||
+        atomic_load(&s->state) == SLOT_INJECTED)
+        Py_RETURN_FALSE;
+    if (PyThreadState_SetAsyncExc(s->ident, exc) != 1)
+        Py_RETURN_FALSE;
+    sc->soft_pending = 1;
+    atomic_fetch_add(&s->raised, 1);
+    atomic_fetch_add(&s->wake, 1);
+    futex_wake_all(&s->wake);
+    kick(s);
+    Py_RETURN_TRUE;
 }
 
 static PyObject *mod_setup(PyObject *m, PyObject *args)
@@ -1613,6 +1785,9 @@ static PyMethodDef mod_methods[] = {
     {"shield", mod_shield, METH_NOARGS,
      "shield(): a context manager holding deadline interrupts back until it exits."},
     {"_setup", mod_setup, METH_VARARGS, "Register the exception classes."},
+    {"_set_default_hook", mod_set_default_hook, METH_O, "Hook given to every new scope."},
+    {"_raise_in_scope", mod_raise_in_scope, METH_VARARGS,
+     "Raise an exception class in the thread running an active scope."},
     {"_shutdown", mod_shutdown, METH_NOARGS, "Stop and join the watchdog."},
     {"_watchdog_running", mod_watchdog_running, METH_NOARGS, "Whether the watchdog runs."},
     {"_ensure_watchdog", mod_ensure_watchdog, METH_NOARGS,

@@ -80,7 +80,7 @@ def in_thread(fn: Callable[[], Any]) -> Any:
         except BaseException as exc:  # noqa: BLE001 - handed back to the caller
             box["error"] = exc
 
-    t = threading.Thread(target=run)
+    t = threading.Thread(target=run, daemon=True)  # a stuck worker fails, never hangs
     t.start()
     t.join(30)
     assert not t.is_alive(), "worker thread did not finish"
