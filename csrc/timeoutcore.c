@@ -364,6 +364,7 @@ static int g_wd_running;                 /* GIL-protected               */
 static _Atomic int g_wd_stop;
 static _Atomic uint32_t g_wd_seq;        /* futex word to wake it       */
 static _Atomic int64_t g_wd_planned = 0; /* when it means to wake next  */
+static _Atomic int g_wd_tid;             /* its kernel thread id        */
 
 static void wd_wake(void)
 {
@@ -672,6 +673,7 @@ static void *wd_main(void *arg)
     PyThreadState *ts;
 
     (void)prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0); /* precise wake-ups */
+    atomic_store(&g_wd_tid, (int)syscall(SYS_gettid));
     gs = PyGILState_Ensure();
     ts = PyEval_SaveThread();
 
@@ -936,19 +938,46 @@ static int Scope_init(PyObject *self, PyObject *args, PyObject *kw)
     Scope *sc = as_scope(self);
     double v;
 
+    PyObject *known = kw, *extras = NULL;
+    int r;
+
     if (sc->state != SCOPE_NEW || sc->entered != 0) {
         PyErr_SetString(PyExc_RuntimeError, "a deadline scope cannot be re-initialised");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$OpO:thread_deadline", kwlist, &seconds,
-                                     &label, &raise_on_timeout, &deadline))
-        return -1;
+    if (kw != NULL && PyDict_GET_SIZE(kw) > 0) {
+        /* Keywords this type does not know (soft=..., on_soft=...) go to the
+         * Python subclass's _init_extras(); the plain path stays in C. */
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(kw, &pos, &key, &value)) {
+            int is_known = 0;
+            for (char **k = kwlist; *k != NULL; k++)
+                if (PyUnicode_CompareWithASCIIString(key, *k) == 0)
+                    is_known = 1;
+            if (is_known)
+                continue;
+            if (extras == NULL) {
+                if ((extras = PyDict_New()) == NULL || (known = PyDict_Copy(kw)) == NULL)
+                    goto fail;
+            }
+            if (PyDict_SetItem(extras, key, value) < 0 || PyDict_DelItem(known, key) < 0)
+                goto fail;
+        }
+    }
+    r = PyArg_ParseTupleAndKeywords(args, known, "|O$OpO:thread_deadline", kwlist, &seconds,
+                                    &label, &raise_on_timeout, &deadline);
+    if (known != kw)
+        Py_DECREF(known);
+    known = kw;
+    if (!r)
+        goto fail;
     if (parse_seconds(seconds, "thread_deadline()", "seconds", &v, 0) < 0)
-        return -1;
+        goto fail;
     if (label != Py_None && !PyUnicode_Check(label)) {
         PyErr_Format(PyExc_TypeError, "thread_deadline(): label must be a str or None, not %.100s",
                      Py_TYPE(label)->tp_name);
-        return -1;
+        goto fail;
     }
     sc->seconds = v;
     sc->deadline = TC_NEVER;
@@ -957,10 +986,10 @@ static int Scope_init(PyObject *self, PyObject *args, PyObject *kw)
         if (!isnan(v)) {
             PyErr_SetString(PyExc_TypeError,
                             "thread_deadline(): give either seconds or deadline, not both");
-            return -1;
+            goto fail;
         }
         if (parse_when(deadline, "thread_deadline_at()", &sc->deadline) < 0)
-            return -1;
+            goto fail;
         sc->has_deadline_arg = 1;
     }
     sc->raise_on_timeout = raise_on_timeout;
@@ -968,7 +997,19 @@ static int Scope_init(PyObject *self, PyObject *args, PyObject *kw)
     Py_XSETREF(sc->label, label);
     Py_XINCREF(g_default_hook);
     Py_XSETREF(sc->hook, g_default_hook);
+    if (extras != NULL) {
+        PyObject *res = PyObject_CallMethod(self, "_init_extras", "O", extras);
+        Py_DECREF(extras);
+        if (res == NULL)
+            return -1;
+        Py_DECREF(res);
+    }
     return 0;
+fail:
+    if (known != kw)
+        Py_DECREF(known);
+    Py_XDECREF(extras);
+    return -1;
 }
 
 static int Scope_traverse(PyObject *self, visitproc visit, void *arg)
@@ -1388,8 +1429,8 @@ static PyObject *Scope_get_hook(PyObject *self, void *c)
 static int Scope_set_hook(PyObject *self, PyObject *value, void *c)
 {
     (void)c;
-    if (as_scope(self)->state != SCOPE_NEW) {
-        PyErr_SetString(PyExc_RuntimeError, "a scope's hook can only be set before it is entered");
+    if (as_scope(self)->state == SCOPE_DONE) {
+        PyErr_SetString(PyExc_RuntimeError, "a scope's hook cannot be set after it exited");
         return -1;
     }
     if (value != NULL && value != Py_None && !PyCallable_Check(value)) {
@@ -1902,6 +1943,8 @@ void tc_get_stats(struct tc_stats *o)
 }
 
 int tc_signal_number(void) { return g_signo; }
+
+int tc_watchdog_tid(void) { return g_wd_running ? atomic_load(&g_wd_tid) : 0; }
 
 int tc_bench_timer_pair(long n)
 {

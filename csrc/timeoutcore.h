@@ -84,6 +84,9 @@ void tc_get_stats(struct tc_stats *out);
 /* The signal number in use, or 0 before the first scope was entered. */
 int tc_signal_number(void);
 
+/* Kernel thread id of the watchdog, or 0 when it is not running. */
+int tc_watchdog_tid(void);
+
 /* Benchmark helper: `n` arm+disarm pairs of this thread's kernel timer (what
  * arming at every block entry would cost).  Returns 0 or an errno. */
 int tc_bench_timer_pair(long n);

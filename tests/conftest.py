@@ -11,7 +11,7 @@ import pytest
 
 import timeoutcore
 from timeoutcore import _fallback
-from timeoutcore.scope import _ScopeMixin
+from timeoutcore.scope import EXTRA_SLOTS, _ScopeMixin
 
 # Generous correctness bounds (these machines are shared and noisy); timing figures
 # belong in benchmarks/.
@@ -20,7 +20,7 @@ LATE = 0.25
 
 def _fallback_api() -> types.SimpleNamespace:
     class FallbackScope(_ScopeMixin, _fallback.Scope):
-        __slots__ = ()
+        __slots__ = EXTRA_SLOTS
 
     return types.SimpleNamespace(
         name="fallback",

@@ -6,8 +6,13 @@ in the thread that runs it -- a pool worker as well as the main thread.
 
 from __future__ import annotations
 
+from . import metrics
 from ._engine import ENGINE
 from .errors import DeadlineExceeded, SoftDeadlineExceeded
+from .executor import DeadlineExecutor
+from .metrics import Metrics
+from .policy import DeadlinePolicy, PolicyTable, set_policy_table
+from .results import DeadlineResult, ResultLog
 from .scope import (
     DeadlineScope,
     checkpoint,
@@ -21,14 +26,31 @@ from .scope import (
 
 __version__ = "0.1.0"
 
+
+def set_default_result_log(result_log: "ResultLog | None") -> None:
+    """Append the result of *every* guarded block to ``result_log`` (None: stop)."""
+    from ._hooks import set_default_result_log as _set
+
+    _set(result_log)
+
+
 __all__ = [
     "ENGINE",
     "DeadlineExceeded",
+    "DeadlineExecutor",
+    "DeadlinePolicy",
+    "DeadlineResult",
     "DeadlineScope",
+    "Metrics",
+    "PolicyTable",
+    "ResultLog",
     "SoftDeadlineExceeded",
     "checkpoint",
     "current_scope",
+    "metrics",
     "remaining",
+    "set_default_result_log",
+    "set_policy_table",
     "shield",
     "sleep",
     "thread_deadline",

@@ -14,6 +14,7 @@ Same interface as the native core module: ``Scope``, ``Shield``, ``sleep``, ``re
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import threading
@@ -178,7 +179,8 @@ class Scope:
 
     __slots__ = (
         "_label", "_seconds", "_deadline", "_raise", "_has_deadline", "_state", "_expired",
-        "_entered", "_exited", "_fired_at", "_st", "_ident", "_exiting",
+        "_entered", "_exited", "_fired_at", "_st", "_ident", "_exiting", "_hook",
+        "_exit_exc", "_native_id", "_soft_pending",
     )
 
     def __init__(
@@ -188,6 +190,7 @@ class Scope:
         label: Optional[str] = None,
         raise_on_timeout: bool = True,
         deadline: Optional[float] = None,
+        **extras: Any,
     ) -> None:
         v = _check_seconds(seconds, "thread_deadline()", "seconds")
         if label is not None and not isinstance(label, str):
@@ -212,6 +215,17 @@ class Scope:
         self._st: Optional[_ThreadState] = None
         self._ident: Optional[int] = None
         self._exiting = False
+        self._hook: Optional[Any] = _default_hook
+        self._exit_exc: Optional[BaseException] = None
+        self._native_id: Optional[int] = None
+        self._soft_pending = False
+        if extras:
+            init_extras = getattr(self, "_init_extras", None)
+            if init_extras is None:
+                raise TypeError(
+                    f"thread_deadline() got an unexpected keyword argument {sorted(extras)[0]!r}"
+                )
+            init_extras(extras)
 
     def __enter__(self) -> Any:
         if self._state != 0:
@@ -222,7 +236,10 @@ class Scope:
                 "(create a new one, or use it as a decorator)"
             )
         st = _wd.state()
+        if self._hook is not None:
+            self._hook(self, "enter", None)
         now = time.monotonic()
+        self._native_id = threading.get_native_id()
         if not self._has_deadline:
             self._deadline = _NEVER if math.isnan(self._seconds) else now + self._seconds
         self._entered = now
@@ -253,9 +270,19 @@ class Scope:
             self._state = 2
             self._exited = now
             claimed = st.fired is self
-            if claimed:
-                st.fired = None
+            if claimed or self._soft_pending:
+                st.fired = None if claimed else st.fired
+                self._soft_pending = False
                 _clear(st.ident)
+            self._exit_exc = exc
+            if self._hook is not None:
+                st.shield += 1
+                try:
+                    self._hook(self, "exit", exc)
+                except Exception:  # noqa: BLE001 - as the native core: reported, not raised
+                    logging.getLogger("timeoutcore").exception("scope hook %r failed", self._hook)
+                finally:
+                    st.shield -= 1
             outer_due = st.fired is None and not st.shield and st.due(now) is not None
             if outer_due:
                 self._st = None
@@ -355,6 +382,14 @@ class Scope:
     def thread_ident(self) -> Optional[int]:
         return self._ident
 
+    @property
+    def native_id(self) -> Optional[int]:
+        return self._native_id
+
+    @property
+    def exit_exception(self) -> Optional[BaseException]:
+        return self._exit_exc
+
 
 class Shield:
     """Hold deadline interrupts back until the block exits."""
@@ -448,6 +483,28 @@ def current_scope() -> Optional[Scope]:
     """The innermost active scope of this thread, or None."""
     st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
     return st.stack[-1] if st is not None and st.stack else None
+
+
+_default_hook: Optional[Any] = None
+
+
+def _set_default_hook(hook: Optional[Any]) -> None:
+    """Give ``hook`` to every scope created from now on (None: no hook)."""
+    global _default_hook
+    _default_hook = hook
+
+
+def _raise_in_scope(scope: Scope, exc: type) -> bool:
+    """Raise ``exc`` in the thread running ``scope`` if it is active (best effort)."""
+    st = scope._st
+    with _wd.lock:
+        if scope._state != 1 or st is None or st.shield or st.fired is not None:
+            return False
+        scope._soft_pending = True
+        _inject(st.ident, exc)
+        with st.cond:
+            st.cond.notify_all()
+        return True
 
 
 def shield() -> Shield:

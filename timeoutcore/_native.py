@@ -55,6 +55,11 @@ def signal_number() -> int:
     return int(lib.tc_signal_number())
 
 
+def watchdog_native_id() -> int:
+    """Kernel thread id of the watchdog thread (0 when it is not running)."""
+    return int(lib.tc_watchdog_tid())
+
+
 def bench_timer_pair(n: int) -> None:
     """Run ``n`` kernel-timer arm+disarm pairs on this thread (benchmarks only)."""
     err = lib.tc_bench_timer_pair(n)

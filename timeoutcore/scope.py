@@ -9,17 +9,111 @@ what is not on that path: the decorator form and ``repr``.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Optional, TypeVar
 
+from . import _hooks
 from ._engine import core
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Per-scope state of the optional features; every engine's scope class declares them.
+EXTRA_SLOTS = ("_extras", "_soft", "_on_soft", "_soft_raise", "_soft_fired", "_cleanups",
+               "_result_log")
+_EXTRA_KEYS = ("soft", "on_soft", "soft_raise", "result_log")
+
 
 class _ScopeMixin:
-    """What every engine's scope gets on top of its own enter/exit: the decorator form."""
+    """What every engine's scope gets on top of its own enter/exit: soft limits, cleanup
+    handlers, results, the decorator form and ``repr``. None of it is on the path of a
+    block that does not use it."""
 
     __slots__ = ()
+
+    def _init_extras(self, extras: dict[str, Any]) -> None:
+        """Called by the engine's constructor with the keywords it does not know."""
+        scope: Any = self
+        unknown = sorted(set(extras) - set(_EXTRA_KEYS))
+        if unknown:
+            raise TypeError(f"thread_deadline() got an unexpected keyword argument {unknown[0]!r}")
+        soft = extras.get("soft")
+        on_soft = extras.get("on_soft")
+        soft_raise = extras.get("soft_raise", False)
+        result_log = extras.get("result_log")
+        if soft is not None:
+            if isinstance(soft, bool) or not isinstance(soft, (int, float)):
+                raise TypeError(
+                    f"thread_deadline(): soft must be a number of seconds, not {type(soft).__name__}"
+                )
+            if not math.isfinite(soft) or soft <= 0:
+                raise ValueError(f"thread_deadline(): soft must be a positive finite number of seconds, got {soft!r}")
+            hard = scope.limit
+            if hard is None and scope.when() is None:
+                raise ValueError("thread_deadline(): soft needs a hard limit (seconds)")
+            if hard is not None and soft >= hard:
+                raise ValueError(
+                    f"thread_deadline(): soft ({soft!r} s) must be less than the hard limit ({hard!r} s)"
+                )
+        elif on_soft is not None or soft_raise:
+            raise ValueError("thread_deadline(): on_soft and soft_raise need soft=<seconds>")
+        if on_soft is not None and not callable(on_soft):
+            raise TypeError("thread_deadline(): on_soft must be callable")
+        if not isinstance(soft_raise, bool):
+            raise TypeError("thread_deadline(): soft_raise must be a bool")
+        if result_log is not None and not hasattr(result_log, "write"):
+            raise TypeError("thread_deadline(): result_log must be a ResultLog (or have .write)")
+        scope._extras = dict(extras)
+        scope._soft = None if soft is None else float(soft)
+        scope._on_soft = on_soft
+        scope._soft_raise = soft_raise
+        scope._result_log = result_log
+        if soft is not None or result_log is not None:
+            scope._hook = _hooks.dispatch
+
+    def on_timeout(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Register ``fn(*args)`` to run in the guarded thread if this scope's deadline
+        fires: after the interrupt, before ``DeadlineExceeded`` propagates, last registered
+        first. A handler that raises is logged and does not stop the others."""
+        scope: Any = self
+        if not callable(fn):
+            raise TypeError(f"on_timeout() needs a callable, not {type(fn).__name__}")
+        if scope.exited_at is not None:
+            raise RuntimeError("on_timeout() on a scope that has exited")
+        cleanups = getattr(scope, "_cleanups", None)
+        if cleanups is None:
+            cleanups = scope._cleanups = []
+        cleanups.append((fn, args))
+        scope._hook = _hooks.dispatch
+
+    @property
+    def result(self) -> Any:
+        """A :class:`~timeoutcore.results.DeadlineResult` for this block (after it exited)."""
+        scope: Any = self
+        if scope.exited_at is None:
+            raise RuntimeError("the result exists once the block has exited")
+        from .results import build_result
+
+        return build_result(scope)
+
+    @property
+    def soft_limit(self) -> Optional[float]:
+        """The soft limit in seconds, or None."""
+        return getattr(self, "_soft", None)
+
+    def soft_expired(self) -> bool:
+        """True once the soft limit has passed while the block was running."""
+        return bool(getattr(self, "_soft_fired", False))
+
+    @classmethod
+    def from_policy(cls, name: Any, table: Any = None, **overrides: Any) -> Any:
+        """A fresh scope for job ``name`` (a job name looked up in ``table`` -- by default
+        the table set with ``policy.set_policy_table`` or read from the environment -- or a
+        ``DeadlinePolicy``)."""
+        from .policy import DeadlinePolicy, policy_table
+
+        if isinstance(name, DeadlinePolicy):
+            return name.scope(**overrides)
+        return (table or policy_table()).scope(name, **overrides)
 
     def __call__(self, fn: F) -> F:
         """Decorate ``fn``: every call runs under a fresh scope with these settings."""
@@ -30,12 +124,13 @@ class _ScopeMixin:
             raise RuntimeError("cannot use a scope that was already entered as a decorator")
         cls = type(self)
         when = scope.when()
+        kw: dict[str, Any] = dict(getattr(scope, "_extras", None) or {})
+        kw.update(label=scope.label, raise_on_timeout=scope.raise_on_timeout, deadline=when)
         limit = None if when is not None else scope.limit
-        label, raise_on_timeout = scope.label, scope.raise_on_timeout
 
         @functools.wraps(fn)
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            new: Any = cls(limit, label=label, raise_on_timeout=raise_on_timeout, deadline=when)  # type: ignore[call-arg]
+            new: Any = cls(limit, **kw)  # type: ignore[call-arg]
             with new:
                 return fn(*args, **kwargs)
 
@@ -51,29 +146,37 @@ class _ScopeMixin:
 class DeadlineScope(_ScopeMixin, core.Scope):  # type: ignore[misc]
     """A hard deadline for the block it guards, in the thread that enters it.
 
-    ``thread_deadline(seconds, *, label=None, raise_on_timeout=True)`` returns one.
-    ``seconds`` counts from entry into the block; ``None`` means no deadline. When the
-    deadline passes, the block is interrupted wherever it is (Python code, or a blocking
-    call the signal can knock loose) and ``DeadlineExceeded`` is raised at the block's exit;
-    with ``raise_on_timeout=False`` the block is abandoned silently and ``expired()`` tells.
+    ``thread_deadline(seconds, *, label=None, raise_on_timeout=True, soft=None,
+    on_soft=None, soft_raise=False, result_log=None)`` returns one. ``seconds`` counts from
+    entry into the block; ``None`` means no deadline. When the deadline passes, the block is
+    interrupted wherever it is (Python code, or a blocking call the signal can knock loose)
+    and ``DeadlineExceeded`` is raised at the block's exit; with ``raise_on_timeout=False``
+    the block is abandoned silently and ``expired()`` tells.
+
+    ``soft`` (seconds from entry, below the hard limit) logs a warning, calls
+    ``on_soft(scope)`` once on a callback thread, and with ``soft_raise=True`` raises the
+    catchable ``SoftDeadlineExceeded`` inside the block; the hard limit still follows.
 
     A scope is single-use. Used as a decorator it makes a fresh scope for every call.
     Methods: ``when()``, ``reschedule(when)``, ``expired()``, ``remaining()``,
-    ``elapsed()``; attributes ``label``, ``limit``, ``overshoot``, ``fired_at``,
-    ``entered_at``, ``exited_at``, ``active``, ``thread_ident``.
+    ``elapsed()``, ``on_timeout(fn, *args)``; attributes ``label``, ``limit``,
+    ``soft_limit``, ``overshoot``, ``result`` (after exit), ``fired_at``, ``entered_at``,
+    ``exited_at``, ``active``, ``thread_ident``, ``native_id``.
     """
 
-    __slots__ = ()
+    __slots__ = EXTRA_SLOTS
 
 
 thread_deadline = DeadlineScope
 
 
 def thread_deadline_at(
-    when: float, *, label: Optional[str] = None, raise_on_timeout: bool = True
+    when: float, *, label: Optional[str] = None, raise_on_timeout: bool = True, **extras: Any
 ) -> DeadlineScope:
     """Like ``thread_deadline`` with an absolute deadline, a ``time.monotonic()`` value."""
-    return DeadlineScope(None, label=label, raise_on_timeout=raise_on_timeout, deadline=when)
+    return DeadlineScope(
+        None, label=label, raise_on_timeout=raise_on_timeout, deadline=when, **extras
+    )
 
 
 def sleep(seconds: float) -> None:

@@ -1,0 +1,156 @@
+"""Deadline policies: validated limits per job, from code, JSON files or the environment.
+
+>>> table = PolicyTable.from_dict({"default": {"hard": 30}, "resize": {"hard": 2, "soft": 1.5}})
+>>> with table.scope("resize"): ...
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import orjson
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+
+ENV_PREFIX = "TIMEOUTCORE_POLICY__"
+
+
+class DeadlinePolicy(BaseModel):
+    """Limits for one kind of job. ``hard`` is required; ``soft`` must be below it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hard: float
+    soft: Optional[float] = None
+    label: Optional[str] = None
+    soft_raise: bool = False
+    raise_on_timeout: bool = True
+
+    @field_validator("hard", "soft")
+    @classmethod
+    def _positive_finite(cls, value: Optional[float]) -> Optional[float]:
+        if value is None:
+            return None
+        if math.isnan(value) or math.isinf(value):
+            raise ValueError("must be a finite number of seconds (not NaN or infinity)")
+        if value <= 0:
+            raise ValueError("must be a positive number of seconds")
+        return value
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> DeadlinePolicy:
+        if self.soft is not None and self.soft >= self.hard:
+            raise ValueError(f"soft ({self.soft} s) must be less than hard ({self.hard} s)")
+        return self
+
+    def scope(self, **overrides: Any) -> Any:
+        """A fresh ``thread_deadline`` with these limits (keyword overrides allowed)."""
+        from .scope import thread_deadline
+
+        kw: dict[str, Any] = {
+            "label": self.label,
+            "raise_on_timeout": self.raise_on_timeout,
+        }
+        if self.soft is not None:
+            kw["soft"] = self.soft
+            kw["soft_raise"] = self.soft_raise
+        kw.update(overrides)
+        return thread_deadline(self.hard, **kw)
+
+
+PolicyLike = Union[DeadlinePolicy, Mapping[str, Any]]
+
+
+def _policy(value: PolicyLike) -> DeadlinePolicy:
+    if isinstance(value, DeadlinePolicy):
+        return value
+    return DeadlinePolicy.model_validate(dict(value))
+
+
+class PolicyTable:
+    """Job name -> :class:`DeadlinePolicy`, with an optional default.
+
+    Names are case-insensitive (environment variables are upper-case by convention).
+    """
+
+    def __init__(
+        self, policies: Optional[Mapping[str, PolicyLike]] = None, default: Optional[PolicyLike] = None
+    ) -> None:
+        self._policies = {name.lower(): _policy(p) for name, p in (policies or {}).items()}
+        self.default = None if default is None else _policy(default)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PolicyTable:
+        """``{"default": {...}, "job": {"hard": 2, "soft": 1}, ...}``."""
+        policies = {k: v for k, v in data.items() if k.lower() != "default"}
+        default = next((v for k, v in data.items() if k.lower() == "default"), None)
+        return cls(policies, default)
+
+    @classmethod
+    def from_json(cls, path: Union[str, "os.PathLike[str]"]) -> PolicyTable:
+        """Load :meth:`from_dict`'s shape from a JSON file."""
+        data = orjson.loads(Path(path).read_bytes())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a policy file holds a JSON object of job -> policy")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_env(
+        cls, environ: Optional[Mapping[str, str]] = None, prefix: str = ENV_PREFIX
+    ) -> PolicyTable:
+        """``TIMEOUTCORE_POLICY__<JOB>__<FIELD>=value`` (job ``DEFAULT`` is the default).
+
+        Fields: HARD, SOFT, LABEL, SOFT_RAISE, RAISE_ON_TIMEOUT.
+        """
+        env = os.environ if environ is None else environ
+        raw: dict[str, dict[str, Any]] = {}
+        for key, value in env.items():
+            if not key.startswith(prefix):
+                continue
+            parts = key[len(prefix):].split("__")
+            if len(parts) != 2 or not all(parts):
+                raise ValueError(f"{key}: expected {prefix}<JOB>__<FIELD>")
+            job, field = parts[0].lower(), parts[1].lower()
+            raw.setdefault(job, {})[field] = value
+        try:
+            return cls.from_dict(raw)
+        except ValidationError as exc:
+            raise ValueError(f"invalid policy in the environment ({prefix}*): {exc}") from exc
+
+    def get(self, name: str) -> DeadlinePolicy:
+        """The policy for ``name``, else the default; KeyError if neither exists."""
+        policy = self._policies.get(name.lower(), self.default)
+        if policy is None:
+            raise KeyError(f"no deadline policy for job {name!r} and no default policy")
+        return policy
+
+    def scope(self, name: str, **overrides: Any) -> Any:
+        """A fresh ``thread_deadline`` for job ``name``; the label defaults to the name."""
+        policy = self.get(name)
+        if policy.label is None:
+            overrides.setdefault("label", name)
+        return policy.scope(**overrides)
+
+    def names(self) -> list[str]:
+        """The job names that have a policy of their own."""
+        return sorted(self._policies)
+
+
+_table: Optional[PolicyTable] = None
+
+
+def set_policy_table(table: Optional[PolicyTable]) -> None:
+    """Make ``table`` the one ``thread_deadline.from_policy(name)`` uses."""
+    global _table
+    _table = table
+
+
+def policy_table() -> PolicyTable:
+    """The table set with :func:`set_policy_table`, else one read from the environment."""
+    global _table
+    if _table is None:
+        _table = PolicyTable.from_env()
+    return _table

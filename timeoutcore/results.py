@@ -1,0 +1,126 @@
+"""What happened in a guarded block, as a pydantic model serialised with orjson.
+
+``scope.result`` builds a :class:`DeadlineResult` lazily, after the block exited: a block
+nobody asks a result of never touches pydantic. :class:`ResultLog` appends results as JSON
+Lines, per scope (``thread_deadline(..., result_log=log)``) or for every scope
+(``set_default_result_log(log)``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import orjson
+from pydantic import BaseModel, ConfigDict
+
+from .errors import DeadlineExceeded, _DeadlineInterrupt
+
+Status = Literal["completed", "soft_exceeded", "timed_out", "error"]
+
+
+class DeadlineResult(BaseModel):
+    """One guarded run: limits, timing, and how it ended."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: Optional[str]
+    thread_name: Optional[str]
+    thread_native_id: Optional[int]
+    limit: Optional[float]
+    soft_limit: Optional[float]
+    started_at: _dt.datetime
+    elapsed: float
+    status: Status
+    overshoot: Optional[float]
+    error_type: Optional[str] = None
+    error_message: Optional[str] = None
+
+    def to_json(self) -> bytes:
+        """The result as one line of JSON (bytes, orjson)."""
+        return orjson.dumps(self.model_dump(mode="json"))
+
+    @classmethod
+    def from_json(cls, data: Union[bytes, str]) -> DeadlineResult:
+        """Parse what :meth:`to_json` wrote."""
+        return cls.model_validate(orjson.loads(data))
+
+
+def status_of(scope: Any) -> Status:
+    """``timed_out`` / ``error`` / ``soft_exceeded`` / ``completed`` for an exited scope."""
+    if scope.expired():
+        return "timed_out"
+    exc = scope.exit_exception
+    if exc is not None and not isinstance(exc, (DeadlineExceeded, _DeadlineInterrupt)):
+        return "error"
+    if getattr(scope, "_soft_fired", False):
+        return "soft_exceeded"
+    return "completed"
+
+
+def build_result(scope: Any, thread_name: Optional[str] = None) -> DeadlineResult:
+    """Build the result of an exited scope (the caller checked that it exited)."""
+    status = status_of(scope)
+    exc = scope.exit_exception
+    error = exc if status == "error" else None
+    if thread_name is None:
+        thread = threading._active.get(scope.thread_ident)  # type: ignore[attr-defined]
+        thread_name = thread.name if thread is not None else None
+    # wall-clock start derived from the monotonic entry time: no clock read per block
+    started = time.time() - (time.monotonic() - scope.entered_at)
+    return DeadlineResult(
+        label=scope.label,
+        thread_name=thread_name,
+        thread_native_id=scope.native_id,
+        limit=scope.limit,
+        soft_limit=getattr(scope, "_soft", None),
+        started_at=_dt.datetime.fromtimestamp(started, tz=_dt.timezone.utc),
+        elapsed=scope.elapsed(),
+        status=status,
+        overshoot=scope.overshoot,
+        error_type=None if error is None else type(error).__qualname__,
+        error_message=None if error is None else str(error),
+    )
+
+
+class ResultLog:
+    """Appends results to a JSON Lines file; safe with concurrent writers.
+
+    Each result is written with one ``os.write`` on a descriptor opened with ``O_APPEND``,
+    so lines from threads and processes never interleave or overwrite one another.
+    """
+
+    def __init__(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        self.path = Path(path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._lock = threading.Lock()
+
+    def write(self, result: DeadlineResult) -> None:
+        """Append one result as one line."""
+        line = result.to_json() + b"\n"
+        with self._lock:
+            written = os.write(self._fd, line)
+            while written < len(line):  # only for exotic file systems
+                written += os.write(self._fd, line[written:])
+
+    def read(self) -> list[DeadlineResult]:
+        """Every result in the file, in order."""
+        with open(self.path, "rb") as f:
+            return [DeadlineResult.from_json(line) for line in f if line.strip()]
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def __enter__(self) -> ResultLog:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,109 @@
+"""Soft limits: a warning (and optionally a catchable exception) before the hard one.
+
+One daemon thread, the *soft timer*, keeps a heap of pending soft deadlines. It is not the
+thread that enforces hard limits (that is the core's watchdog), and it does not run user
+callbacks itself either: ``on_soft`` callbacks run on a small callback pool, so a slow
+callback can delay neither a hard limit nor another scope's soft limit.
+
+At a scope's soft limit, if the block is still running:
+
+* a WARNING is logged on logger ``timeoutcore`` (label, thread, elapsed, limits);
+* ``on_soft(scope)`` is called exactly once;
+* with ``soft_raise=True``, ``SoftDeadlineExceeded`` is raised inside the block (the core
+  raises it atomically with respect to the block's exit, and takes back an undelivered one
+  at exit, so it never lands after the block).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Optional
+
+from ._engine import core
+from .errors import SoftDeadlineExceeded
+
+log = logging.getLogger("timeoutcore")
+
+OnSoft = Callable[[Any], Any]
+
+
+class _SoftTimer:
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, Any]] = []
+        self._seq = itertools.count()
+        self._thread: Optional[threading.Thread] = None
+        self._pool: Optional[ThreadPoolExecutor] = None
+
+    def register(self, scope: Any, when: float) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (when, next(self._seq), scope))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="timeoutcore-soft", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+
+    def _callbacks(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(2, thread_name_prefix="timeoutcore-on-soft")
+        return self._pool
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    if self._heap and self._heap[0][0] <= now:
+                        _, _, scope = heapq.heappop(self._heap)
+                        break
+                    self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            if scope.active and not scope.expired():
+                self._fire(scope)
+
+    def _fire(self, scope: Any) -> None:
+        scope._soft_fired = True
+        log.warning(
+            "soft limit passed: label=%r thread=%s elapsed=%.3fs soft=%ss hard=%ss",
+            scope.label,
+            _thread_name(scope.thread_ident),
+            scope.elapsed(),
+            scope._soft,
+            scope.limit,
+        )
+        if scope._soft_raise:
+            if isinstance(scope, core.Scope):
+                core._raise_in_scope(scope, SoftDeadlineExceeded)
+            else:  # a scope of the other engine (tests run both side by side)
+                from . import _fallback
+
+                _fallback._raise_in_scope(scope, SoftDeadlineExceeded)
+        callback: Optional[OnSoft] = scope._on_soft
+        if callback is not None:
+            self._callbacks().submit(_call_on_soft, callback, scope)
+
+    def _after_fork_in_child(self) -> None:
+        self.__init__()  # type: ignore[misc]  # the threads did not survive the fork
+
+
+def _call_on_soft(callback: OnSoft, scope: Any) -> None:
+    try:
+        callback(scope)
+    except Exception:  # noqa: BLE001 - a failing callback is reported, nothing else
+        log.exception("on_soft callback %r failed for scope %r", callback, scope.label)
+
+
+def _thread_name(ident: Optional[int]) -> Optional[str]:
+    thread = threading._active.get(ident) if ident is not None else None  # type: ignore[attr-defined]
+    return thread.name if thread is not None else None
+
+
+timer = _SoftTimer()
+os.register_at_fork(after_in_child=timer._after_fork_in_child)
