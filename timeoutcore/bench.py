@@ -81,9 +81,11 @@ def _raise_recipe_timeout(signum: int, frame: Optional[FrameType]) -> None:
     raise RecipeTimeout
 
 
-_set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-_set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
-_set_async_exc.restype = ctypes.c_int
+# Our own prototype of the C function: setting argtypes on ``ctypes.pythonapi``'s shared
+# function object would change it for every other user in the process (stopit passes c_long).
+_set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
+    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
+)
 
 
 def _inject(ident: int) -> None:

@@ -1,0 +1,159 @@
+"""Soft limits and cleanup handlers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+from conftest import LATE, burn, spin_forever
+
+import timeoutcore
+from timeoutcore import DeadlineExceeded, SoftDeadlineExceeded
+
+
+def wait_until(cond: Any, timeout: float = 2.0) -> bool:
+    end = time.monotonic() + timeout
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.005)
+    return bool(cond())
+
+
+def test_soft_callback_once_off_the_enforcing_threads(
+    api: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls: list[tuple[str, int, int]] = []
+    guarded = []
+
+    def on_soft(scope: Any) -> None:
+        calls.append((scope.label, threading.get_ident(), threading.get_native_id()))
+
+    def body() -> Any:
+        guarded.append(threading.get_ident())
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.2, soft=0.05, on_soft=on_soft, label="job") as scope:
+                spin_forever()
+        return scope
+
+    with caplog.at_level(logging.WARNING, logger="timeoutcore"):
+        from conftest import in_thread
+
+        scope = in_thread(body)
+        assert wait_until(lambda: len(calls) == 1)
+    time.sleep(0.05)
+    assert len(calls) == 1 and calls[0][0] == "job"
+    assert calls[0][1] != guarded[0]
+    if api.name == "native":
+        from timeoutcore import _native
+
+        assert calls[0][2] != _native.watchdog_native_id()
+    assert scope.soft_expired() and scope.expired()
+    assert any("soft limit passed" in r.getMessage() and "'job'" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_soft_limit_not_reached_calls_nothing(api: Any) -> None:
+    calls = []
+    with api.thread_deadline(1, soft=0.5, on_soft=calls.append) as scope:
+        burn(0.01)
+    time.sleep(0.6)
+    assert calls == [] and not scope.soft_expired()
+    assert scope.result.status == "completed"
+
+
+def test_soft_raise_is_catchable_and_the_hard_limit_follows(api: Any, where: Any) -> None:
+    def body() -> Any:
+        seen = []
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.3, soft=0.05, soft_raise=True) as scope:
+                try:
+                    spin_forever()
+                except SoftDeadlineExceeded:
+                    seen.append(scope.elapsed())
+                spin_forever()  # clean-up that overruns: the hard limit stops it
+        return seen, scope.elapsed()
+
+    seen, elapsed = where(body)
+    assert len(seen) == 1 and 0.05 <= seen[0] < 0.05 + LATE
+    assert 0.3 <= elapsed < 0.3 + LATE
+
+
+def test_soft_raise_never_lands_after_the_block(api: Any) -> None:
+    # blocks that end right around their soft limit, many times
+    for _ in range(50):
+        with api.thread_deadline(1, soft=0.002, soft_raise=True):
+            try:
+                burn(0.002)
+            except SoftDeadlineExceeded:
+                pass
+        burn(0.003)  # a late soft exception would surface here
+
+
+def test_soft_must_be_below_hard(api: Any) -> None:
+    with pytest.raises(ValueError, match="less than"):
+        api.thread_deadline(1, soft=1)
+    with pytest.raises(ValueError, match="soft"):
+        api.thread_deadline(1, soft=-1)
+    with pytest.raises(TypeError, match="soft"):
+        api.thread_deadline(1, soft="x")
+    with pytest.raises(ValueError, match="need soft"):
+        api.thread_deadline(1, soft_raise=True)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        api.thread_deadline(1, sfot=0.5)
+    assert api.current_scope() is None
+
+
+def test_cleanup_handlers_run_in_the_thread_last_first(api: Any, where: Any) -> None:
+    def body() -> Any:
+        order: list[Any] = []
+        me = threading.get_ident()
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.03) as scope:
+                scope.on_timeout(order.append, "first")
+                scope.on_timeout(lambda: order.append(("second", threading.get_ident() == me)))
+                spin_forever()
+        return order
+
+    assert where(body) == [("second", True), "first"]
+
+
+def test_failing_cleanup_is_logged_and_the_others_run(
+    api: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran = []
+
+    def broken() -> None:
+        raise RuntimeError("cleanup broke")
+
+    with caplog.at_level(logging.ERROR, logger="timeoutcore"):
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.03) as scope:
+                scope.on_timeout(ran.append, 1)
+                scope.on_timeout(broken)
+                scope.on_timeout(ran.append, 3)
+                spin_forever()
+    assert ran == [3, 1]
+    assert any("cleanup broke" in (r.exc_text or "") or "failed" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_cleanups_do_not_run_when_the_block_finishes(api: Any) -> None:
+    ran = []
+    with api.thread_deadline(1) as scope:
+        scope.on_timeout(ran.append, 1)
+    assert ran == []
+
+
+def test_decorator_keeps_soft_settings() -> None:
+    calls = []
+
+    @timeoutcore.thread_deadline(0.2, soft=0.03, on_soft=calls.append)
+    def work() -> None:
+        spin_forever()
+
+    for _ in range(2):
+        with pytest.raises(DeadlineExceeded):
+            work()
+    assert wait_until(lambda: len(calls) == 2)
