@@ -1,23 +1,58 @@
 """``python -m timeoutcore`` (also the ``timeoutcore`` console script).
 
-``demo``: a thread pool in which some tasks overrun ``thread_deadline(0.25)``; prints each
-task's outcome as a JSON line, then a summary. Errors go to stderr with exit code 2.
+- ``demo``: a thread pool in which some tasks overrun ``thread_deadline(0.25)``; prints each
+  task's outcome as a JSON line, then a summary.
+- ``bench``: timeoutcore side by side with ``signal.alarm``, ``signal.setitimer``, a
+  ``threading.Timer`` + ``PyThreadState_SetAsyncExc`` recipe, stopit and func_timeout
+  (:mod:`timeoutcore.bench`); a table on stdout, optionally a JSON summary and a PNG.
+- ``run``: a command under a hard (and soft) limit via ``timeoutcore.subprocess.run``; the
+  result as JSON on stdout, the exit status like coreutils ``timeout``.
+
+Bad input is reported on stderr, one line, never a traceback: exit status 2 (125 for ``run``,
+whose other statuses belong to the command).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
-import json
+import importlib
 import os
 import signal
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NoReturn, Optional, Sequence
+
+import orjson
 
 from . import ENGINE, DeadlineExceeded, sleep, thread_deadline
+
+PROG = "timeoutcore"
+
+# ``run`` exit statuses, as coreutils ``timeout`` has them.
+EXIT_TIMEOUT = 124  # the command was stopped at a limit
+EXIT_FAILED = 125  # timeoutcore itself failed, or bad usage of ``run``
+EXIT_CANNOT_RUN = 126  # the command was found but could not be run
+EXIT_NOT_FOUND = 127  # the command was not found
+
+
+class UsageError(Exception):
+    """Bad input detected after argument parsing; reported on stderr without a traceback."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _fail(message: str, status: int, command: str = "") -> int:
+    where = f"{PROG} {command}".strip()
+    print(f"{where}: error: {message}", file=sys.stderr)
+    return status
+
+
+# --- demo -----------------------------------------------------------------------------------
 
 
 def _cpu(seconds: float) -> None:
@@ -104,7 +139,7 @@ def demo(args: argparse.Namespace) -> int:
         for fut in futures:
             res = fut.result()
             results.append(res)
-            print(json.dumps(res), flush=True)
+            print(orjson.dumps(res).decode(), flush=True)
     wall = time.monotonic() - t0
     timed_out = [r for r in results if r["status"] == "timed_out"]
     overs = sorted(r["overshoot_ms"] for r in timed_out if r["overshoot_ms"] is not None)
@@ -118,6 +153,156 @@ def demo(args: argparse.Namespace) -> int:
     return 0 if len(timed_out) == expected else 1
 
 
+# --- bench ----------------------------------------------------------------------------------
+
+
+def _check_output_path(option: str, path: str) -> None:
+    """Refuse, before a run of minutes, a path that cannot be written."""
+    if os.path.isdir(path):
+        raise UsageError(f"{option} {path!r} is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise UsageError(f"{option} {path!r}: no such directory {os.path.dirname(path)!r}")
+    if not os.access(parent, os.W_OK):
+        raise UsageError(f"{option} {path!r}: directory is not writable")
+
+
+class _Progress:
+    """One line per step on stderr; on a terminal the line is rewritten in place."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.t0 = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        text = f"bench {time.monotonic() - self.t0:5.1f} s: {message}"
+        if self.tty:
+            sys.stderr.write("\r\033[K" + text[:150])
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def bench(args: argparse.Namespace) -> int:
+    from . import bench as engine
+
+    if args.plot is not None:
+        try:
+            importlib.import_module("matplotlib")
+        except ImportError:
+            print(f"{PROG} bench: --plot needs matplotlib, which is not installed; "
+                  "get it with: pip install matplotlib", file=sys.stderr)
+            return 2
+        _check_output_path("--plot", args.plot)
+    if args.json is not None and args.json != "-":
+        _check_output_path("--json", args.json)
+
+    plan = engine.QUICK if args.quick else engine.FULL
+    about = "well under a minute" if args.quick else "about 5 minutes"
+    print(f"{PROG} bench ({plan.name}): {about}; progress on stderr", file=sys.stderr)
+    missing = [m.requires for m in engine.METHODS if m.missing() is not None]
+    if missing:
+        print(f"{PROG} bench: skipping {', '.join(str(n) for n in missing)} (not installed; "
+              f"pip install {' '.join(str(n) for n in missing)})", file=sys.stderr)
+    progress = _Progress()
+    try:
+        results = engine.run(plan, progress=progress)
+    finally:
+        progress.close()
+
+    if args.json == "-":
+        sys.stdout.buffer.write(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.flush()
+    else:
+        sys.stdout.write(engine.render(results))
+        sys.stdout.flush()
+    if args.json is not None and args.json != "-":
+        with open(args.json, "wb") as f:
+            f.write(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
+        print(f"{PROG} bench: JSON summary written to {args.json}", file=sys.stderr)
+    if args.plot is not None:
+        engine.plot(results, args.plot)
+        print(f"{PROG} bench: plot written to {args.plot}", file=sys.stderr)
+    return 0
+
+
+# --- run ------------------------------------------------------------------------------------
+
+
+def _describe_invalid(exc: BaseException) -> str:
+    """One readable line for a ValueError/TypeError, pydantic's ValidationError included."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            items = errors()
+            parts = []
+            for item in items:
+                loc = ".".join(str(p) for p in item.get("loc", ()))
+                parts.append(f"{loc}: {item.get('msg')}" if loc else str(item.get("msg")))
+            if parts:
+                return "; ".join(parts)
+        except Exception:  # noqa: BLE001 - fall back to the plain message
+            pass
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _status_of(result: Any) -> int:
+    status = getattr(result, "status", None)
+    if status in ("soft_killed", "timed_out"):
+        return EXIT_TIMEOUT
+    if status == "error":
+        return EXIT_FAILED
+    code = getattr(result, "returncode", None)
+    if not isinstance(code, int):
+        return EXIT_FAILED
+    if code < 0:  # killed by a signal nobody at timeoutcore sent: the shell's convention
+        return 128 + (-code)
+    return code
+
+
+def run_command(args: argparse.Namespace) -> int:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("no command given: timeoutcore run --hard S -- CMD [ARGS...]",
+                         EXIT_FAILED)
+    try:
+        module: Any = importlib.import_module("timeoutcore.subprocess")
+    except ImportError as exc:
+        return _fail(f"this installation cannot run commands under limits "
+                     f"(timeoutcore.subprocess: {exc})", EXIT_FAILED, "run")
+    kwargs: dict[str, Any] = {"hard": args.hard}
+    if args.soft is not None:
+        kwargs["soft"] = args.soft
+    if args.grace is not None:
+        kwargs["grace"] = args.grace
+    try:
+        result = module.run(cmd, **kwargs)
+    except FileNotFoundError:
+        return _fail(f"command not found: {cmd[0]}", EXIT_NOT_FOUND, "run")
+    except PermissionError:
+        return _fail(f"cannot run {cmd[0]}: permission denied", EXIT_CANNOT_RUN, "run")
+    except (ValueError, TypeError) as exc:
+        return _fail(_describe_invalid(exc), EXIT_FAILED, "run")
+    except OSError as exc:
+        return _fail(f"cannot run {cmd[0]}: {exc.strerror or exc}", EXIT_CANNOT_RUN, "run")
+    payload = result.to_json()
+    if isinstance(payload, str):
+        payload = payload.encode()
+    sys.stdout.buffer.write(payload + b"\n")
+    sys.stdout.flush()
+    return _status_of(result)
+
+
+# --- parser ---------------------------------------------------------------------------------
+
+
 def _positive(text: str) -> float:
     try:
         value = float(text)
@@ -125,6 +310,16 @@ def _positive(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive finite number: {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
     return value
 
 
@@ -138,27 +333,97 @@ def _count(text: str) -> int:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors exit with ``usage_status``: 2, except for
+    ``run``, which uses 125 as coreutils ``timeout`` does, leaving 2 to the command."""
+
+    usage_status = 2
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(self.usage_status, f"{self.prog}: error: {message}\n")
+
+
+BENCH_HELP = """\
+Measures, in one run, timeoutcore against signal.alarm (the classic recipe, whole seconds),
+signal.setitimer, a threading.Timer + PyThreadState_SetAsyncExc recipe, and stopit's
+ThreadingTimeout and func_timeout when they are installed (pip install stopit func_timeout):
+the overhead of a block that does not time out; how late a 50 ms and a 250 ms deadline stop a
+CPU loop, a blocking C call and a sleep, in the main thread and in a pool worker; and the
+throughput of a thread pool of 1 ms tasks with and without deadlines.
+"""
+
+RUN_HELP = """\
+exit status: the command's own; 124 if it was stopped at a limit; 125 if timeoutcore failed
+or was used wrongly; 126 if the command could not be run; 127 if it was not found; 128+N if
+it died of signal N. The result is printed on stdout as JSON.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="timeoutcore", description="Hard time limits for any Python thread."
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p = sub.add_parser("demo", help="a thread pool where some tasks overrun their deadline")
+    parser = _Parser(prog=PROG, description="Hard time limits for any Python thread.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("demo", help="a thread pool where some tasks overrun their deadline",
+                       description="A thread pool in which every fourth task overruns its "
+                       "thread_deadline; one JSON line per task, then a summary.")
     p.add_argument("--tasks", type=_count, default=12, help="number of tasks (default 12)")
     p.add_argument("--workers", type=_count, default=4, help="pool threads (default 4)")
     p.add_argument("--limit", type=_positive, default=0.25, help="deadline in s (default 0.25)")
     p.set_defaults(func=demo)
+
+    p = sub.add_parser("bench", help="timeoutcore side by side with signal.alarm and the peers",
+                       description=BENCH_HELP)
+    p.add_argument("--quick", action="store_true",
+                   help="fewer trials and the 50 ms deadline only (well under a minute)")
+    p.add_argument("--json", metavar="PATH",
+                   help="also write every figure as JSON to PATH ('-': JSON on stdout "
+                   "instead of the table)")
+    p.add_argument("--plot", metavar="PATH",
+                   help="also write a PNG of the overshoot distributions (needs matplotlib)")
+    p.set_defaults(func=bench)
+
+    p = sub.add_parser("run", help="run a command under a hard (and soft) time limit",
+                       description="Run CMD in its own process group; at the soft limit it "
+                       "gets SIGTERM, at the hard limit (or after the grace period) the whole "
+                       "group gets SIGKILL and is reaped.",
+                       epilog=RUN_HELP, usage="%(prog)s --hard S [--soft S] [--grace S] -- CMD "
+                       "[ARGS...]")
+    assert isinstance(p, _Parser)
+    p.usage_status = EXIT_FAILED
+    p.add_argument("--hard", type=_positive, required=True, metavar="S",
+                   help="hard limit in seconds")
+    p.add_argument("--soft", type=_positive, metavar="S",
+                   help="soft limit in seconds: SIGTERM first")
+    p.add_argument("--grace", type=_non_negative, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its "
+                   "arguments, after --")
+    p.set_defaults(func=run_command)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
+    func: Optional[Callable[[argparse.Namespace], int]] = getattr(args, "func", None)
+    if func is None:
         parser.print_help(sys.stderr)
         return 2
-    result: int = args.func(args)
-    return result
+    try:
+        return func(args)
+    except UsageError as exc:
+        return _fail(str(exc), exc.status, args.command)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`): no traceback, and none at exit either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except OSError as exc:  # writing an output file, typically
+        return _fail(str(exc), 1, args.command)
 
 
 if __name__ == "__main__":  # pragma: no cover

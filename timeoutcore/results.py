@@ -20,6 +20,9 @@ from pydantic import BaseModel, ConfigDict
 
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
+# time.time() - time.monotonic(), read once: results are then reproducible
+_WALL_MINUS_MONOTONIC = time.time() - time.monotonic()
+
 Status = Literal["completed", "soft_exceeded", "timed_out", "error"]
 
 
@@ -71,7 +74,7 @@ def build_result(scope: Any, thread_name: Optional[str] = None) -> DeadlineResul
         thread = threading._active.get(scope.thread_ident)  # type: ignore[attr-defined]
         thread_name = thread.name if thread is not None else None
     # wall-clock start derived from the monotonic entry time: no clock read per block
-    started = time.time() - (time.monotonic() - scope.entered_at)
+    started = _WALL_MINUS_MONOTONIC + scope.entered_at
     return DeadlineResult(
         label=scope.label,
         thread_name=thread_name,

@@ -1,0 +1,388 @@
+"""``python -m timeoutcore``: every subcommand's happy path and bad input.
+
+The commands run as a user runs them: ``sys.executable -m timeoutcore`` in a scratch folder,
+with the repository root on PYTHONPATH so that an in-place build works as well as an installed
+package. Bad input must give a non-zero status and a one-line reason on stderr, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any, Optional
+
+import orjson
+import pytest
+
+from timeoutcore import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+METHOD_KEYS = (
+    "timeoutcore",
+    "signal.alarm",
+    "signal.setitimer",
+    "timer_async_exc",
+    "stopit",
+    "func_timeout",
+)
+OPTIONAL_PEERS = {"stopit", "func_timeout"}
+
+
+def _env(extra_path: Optional[Path] = None) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [str(ROOT)]
+    if extra_path is not None:
+        paths.insert(0, str(extra_path))
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.pop("TIMEOUTCORE_ENGINE", None)
+    return env
+
+
+def tc(
+    *args: str, cwd: Path, timeout: float = 60, extra_path: Optional[Path] = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "timeoutcore", *args],
+        cwd=cwd,
+        env=_env(extra_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess[str], status: int, *words: str) -> None:
+    assert proc.returncode == status, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stdout
+    for word in words:
+        assert word in proc.stderr, proc.stderr
+
+
+# --- the command and its help ---------------------------------------------------------------
+
+
+def test_no_command_prints_help_and_fails(tmp_path: Path) -> None:
+    proc = tc(cwd=tmp_path)
+    assert_clean_error(proc, 2, "demo", "bench", "run")
+
+
+def test_unknown_command(tmp_path: Path) -> None:
+    proc = tc("frobnicate", cwd=tmp_path)
+    assert_clean_error(proc, 2, "invalid choice", "frobnicate")
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["bench"], ["run"]])
+def test_help_everywhere(tmp_path: Path, command: list[str]) -> None:
+    proc = tc(*command, "--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: timeoutcore")
+
+
+# --- demo -----------------------------------------------------------------------------------
+
+
+def test_demo_prints_json_lines_and_stops_the_overrunning_tasks(tmp_path: Path) -> None:
+    proc = tc("demo", "--tasks", "8", "--limit", "0.1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
+    tasks = [orjson.loads(line) for line in lines]
+    assert [t["task"] for t in tasks] == list(range(8))
+    assert {t["status"] for t in tasks if t["task"] % 4 == 0} == {"timed_out"}
+    assert {t["status"] for t in tasks if t["task"] % 4} == {"completed"}
+    assert "signal.alarm in a pool thread: ValueError" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tasks", "0"], "must be at least 1"),
+        (["--tasks", "many"], "not a whole number"),
+        (["--limit", "-1"], "must be a positive finite number"),
+        (["--limit", "nan"], "must be a positive finite number"),
+        (["--limit", "inf"], "must be a positive finite number"),
+        (["--workers", "x"], "not a whole number"),
+        (["--frobnicate"], "unrecognized arguments"),
+    ],
+)
+def test_demo_bad_input(tmp_path: Path, args: list[str], message: str) -> None:
+    assert_clean_error(tc("demo", *args, cwd=tmp_path), 2, message)
+
+
+# --- bench ----------------------------------------------------------------------------------
+
+
+def _peer_installed(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.fixture(scope="module")
+def quick_bench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One ``bench --quick --json [--plot]`` run shared by the tests that read its output."""
+    tmp = tmp_path_factory.mktemp("bench")
+    plot = ["--plot", "plot.png"] if _peer_installed("matplotlib") else []
+    t0 = time.monotonic()
+    proc = tc("bench", "--quick", "--json", "summary.json", *plot, cwd=tmp, timeout=120)
+    wall = time.monotonic() - t0
+    return {"proc": proc, "wall": wall, "json": tmp / "summary.json", "plot": tmp / "plot.png"}
+
+
+def test_bench_quick_finishes_in_under_a_minute(quick_bench: dict[str, Any]) -> None:
+    proc = quick_bench["proc"]
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert quick_bench["wall"] < 60
+
+
+def test_bench_quick_prints_the_side_by_side_table(quick_bench: dict[str, Any]) -> None:
+    out = quick_bench["proc"].stdout
+    for heading in ("overhead of a block", "overshoot past a 50 ms deadline", "thread pool"):
+        assert heading in out
+    for title in ("timeoutcore", "signal.alarm", "signal.setitimer", "Timer+SetAsyncExc"):
+        assert title in out
+    assert "n/a: raises ValueError" in out  # signal recipes in a pool worker
+    assert "250 ms" not in out  # --quick: the 50 ms deadline only
+    assert "[1/" in quick_bench["proc"].stderr  # progress went to stderr
+
+
+def test_bench_quick_json_has_every_method(quick_bench: dict[str, Any]) -> None:
+    summary = orjson.loads(quick_bench["json"].read_bytes())
+    assert summary["mode"] == "quick"
+    assert summary["environment"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert [m["key"] for m in summary["methods"]] == list(METHOD_KEYS)
+    for key in METHOD_KEYS:
+        rows = [r for r in summary["overshoot"] if r["method"] == key]
+        assert rows, key
+        assert {r["limit_s"] for r in rows} == {0.05}
+        assert {r["thread"] for r in rows} == {"main", "worker"}
+        if key in OPTIONAL_PEERS and not _peer_installed(key):
+            assert all("not installed" in r["skipped"] for r in rows)
+            continue
+        assert not any("skipped" in r for r in rows), key
+        if key.startswith("signal."):
+            assert all(r["error"].startswith("ValueError") for r in rows if r["thread"] == "worker")
+            measured = [r for r in rows if r["thread"] == "main"]
+        else:
+            measured = rows
+        for r in measured:
+            assert r["trials"] == len(r["samples_ms"]) >= 1
+            assert r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] <= r["max_ms"]
+        assert any(r["method"] == key for r in summary["overhead"])
+        assert any(r["method"] == key for r in summary["throughput"])
+
+
+def test_bench_quick_timeoutcore_stops_every_workload(quick_bench: dict[str, Any]) -> None:
+    summary = orjson.loads(quick_bench["json"].read_bytes())
+    for r in summary["overshoot"]:
+        if r["method"] == "timeoutcore" and r["workload"] != "time_sleep":
+            assert r["stopped"] == r["trials"], r
+    if summary["environment"]["engine"] == "native":
+        (row,) = [r for r in summary["overhead"] if r["case"] == "timeoutcore"]
+        assert row["per_block_ns"] > 0
+
+
+@pytest.mark.skipif(not _peer_installed("matplotlib"), reason="matplotlib is not installed")
+def test_bench_plot_is_a_png(quick_bench: dict[str, Any]) -> None:
+    assert quick_bench["plot"].read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_bench_plot_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> None:
+    # A folder first on PYTHONPATH whose ``matplotlib`` fails to import, as when it is absent.
+    fake = tmp_path / "fake"
+    (fake / "matplotlib").mkdir(parents=True)
+    (fake / "matplotlib" / "__init__.py").write_text("raise ImportError('no matplotlib')\n")
+    t0 = time.monotonic()
+    proc = tc("bench", "--quick", "--plot", "out.png", cwd=tmp_path, extra_path=fake)
+    assert_clean_error(proc, 2, "matplotlib", "pip install matplotlib")
+    assert time.monotonic() - t0 < 20, "refused only after running the benchmark"
+    assert not (tmp_path / "out.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (["--json", "no-such-dir/summary.json"], 2, "no such directory"),
+        (["--json", "."], 2, "is a directory"),
+        (["--plot", "no-such-dir/plot.png"], 2, "no such directory"),
+        (["--quick", "--frobnicate"], 2, "unrecognized arguments"),
+        (["--json"], 2, "expected one argument"),
+    ],
+)
+def test_bench_bad_input_fails_before_running(
+    tmp_path: Path, args: list[str], status: int, message: str
+) -> None:
+    if args[0] == "--plot" and not _peer_installed("matplotlib"):
+        message = "pip install matplotlib"
+    t0 = time.monotonic()
+    assert_clean_error(tc("bench", *args, cwd=tmp_path), status, message)
+    assert time.monotonic() - t0 < 20
+
+
+# --- run ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "required: --hard"),
+        (["--hard", "1"], "no command given"),
+        (["--hard", "1", "--"], "no command given"),
+        (["--hard", "0", "--", "true"], "must be a positive finite number"),
+        (["--hard", "-2", "--", "true"], "must be a positive finite number"),
+        (["--hard", "soon", "--", "true"], "not a number"),
+        (["--hard", "1", "--soft", "0", "--", "true"], "must be a positive finite number"),
+        (["--hard", "1", "--grace", "-1", "--", "true"], "must be a finite number >= 0"),
+    ],
+)
+def test_run_bad_usage_exits_125(tmp_path: Path, args: list[str], message: str) -> None:
+    assert_clean_error(tc("run", *args, cwd=tmp_path), cli.EXIT_FAILED, message)
+
+
+class FakeResult:
+    def __init__(self, status: str, returncode: Optional[int]) -> None:
+        self.status = status
+        self.returncode = returncode
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"status": self.status, "returncode": self.returncode})
+
+
+def _fake_subprocess(monkeypatch: pytest.MonkeyPatch, run: Any) -> list[Any]:
+    calls: list[Any] = []
+
+    def recording_run(cmd: list[str], **kwargs: Any) -> Any:
+        calls.append((cmd, kwargs))
+        return run(cmd, **kwargs)
+
+    module = types.ModuleType("timeoutcore.subprocess")
+    module.run = recording_run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "timeoutcore.subprocess", module)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("status", "returncode", "exit_status"),
+    [
+        ("completed", 0, 0),
+        ("completed", 3, 3),
+        ("completed", -9, 128 + 9),
+        ("soft_killed", -15, 124),
+        ("timed_out", -9, 124),
+        ("error", None, 125),
+    ],
+)
+def test_run_exit_status_follows_the_result(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    status: str,
+    returncode: Optional[int],
+    exit_status: int,
+) -> None:
+    calls = _fake_subprocess(monkeypatch, lambda cmd, **kw: FakeResult(status, returncode))
+    code = cli.main(["run", "--hard", "2", "--soft", "1", "--", "prog", "-x", "--hard", "y"])
+    assert code == exit_status
+    assert calls == [(["prog", "-x", "--hard", "y"], {"hard": 2.0, "soft": 1.0})]
+    assert orjson.loads(capsys.readouterr().out) == {"status": status, "returncode": returncode}
+
+
+def test_run_passes_grace_only_when_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _fake_subprocess(monkeypatch, lambda cmd, **kw: FakeResult("completed", 0))
+    assert cli.main(["run", "--hard", "1", "--grace", "0.5", "--", "true"]) == 0
+    assert calls[0][1] == {"hard": 1.0, "grace": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("error", "exit_status", "message"),
+    [
+        (FileNotFoundError(2, "No such file or directory"), 127, "command not found: prog"),
+        (PermissionError(13, "Permission denied"), 126, "permission denied"),
+        (ValueError("soft must be less than hard"), 125, "soft must be less than hard"),
+    ],
+)
+def test_run_errors_are_one_line_on_stderr(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: Exception,
+    exit_status: int,
+    message: str,
+) -> None:
+    def fail(cmd: list[str], **kwargs: Any) -> Any:
+        raise error
+
+    _fake_subprocess(monkeypatch, fail)
+    assert cli.main(["run", "--hard", "1", "--", "prog"]) == exit_status
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert message in captured.err
+    assert captured.err.count("\n") == 1
+
+
+# With the real timeoutcore.subprocess (skipped until that module exists).
+
+
+@pytest.fixture
+def real_run() -> None:
+    pytest.importorskip("timeoutcore.subprocess")
+
+
+def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    assert "Traceback" not in proc.stderr
+    result: dict[str, Any] = orjson.loads(proc.stdout)
+    return result
+
+
+@pytest.mark.usefixtures("real_run")
+def test_run_completed_mirrors_the_exit_status(tmp_path: Path) -> None:
+    ok = tc("run", "--hard", "10", "--", sys.executable, "-c", "print('hi')", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert _result(ok)["status"] == "completed"
+    three = tc("run", "--hard", "10", "--", sys.executable, "-c", "raise SystemExit(3)",
+               cwd=tmp_path)
+    assert three.returncode == 3, three.stderr
+    assert _result(three)["returncode"] == 3
+
+
+@pytest.mark.usefixtures("real_run")
+def test_run_hard_limit_exits_124(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    proc = tc("run", "--hard", "0.5", "--", sys.executable, "-c", "import time; time.sleep(30)",
+              cwd=tmp_path)
+    assert proc.returncode == 124, proc.stderr
+    assert time.monotonic() - t0 < 15
+    assert _result(proc)["status"] in ("timed_out", "soft_killed")
+
+
+@pytest.mark.usefixtures("real_run")
+def test_run_soft_limit_exits_124(tmp_path: Path) -> None:
+    proc = tc("run", "--hard", "10", "--soft", "0.3", "--grace", "0.5", "--",
+              sys.executable, "-c", "import time; time.sleep(30)", cwd=tmp_path)
+    assert proc.returncode == 124, proc.stderr
+    assert _result(proc)["status"] in ("soft_killed", "timed_out")
+
+
+@pytest.mark.usefixtures("real_run")
+def test_run_missing_command(tmp_path: Path) -> None:
+    proc = tc("run", "--hard", "5", "--", "no-such-command-timeoutcore-test", cwd=tmp_path)
+    assert proc.returncode in (cli.EXIT_NOT_FOUND, cli.EXIT_FAILED), proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.usefixtures("real_run")
+def test_run_soft_not_below_hard_is_refused_or_ignored_cleanly(tmp_path: Path) -> None:
+    proc = tc("run", "--hard", "1", "--soft", "5", "--", sys.executable, "-c", "pass",
+              cwd=tmp_path)
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode in (0, cli.EXIT_FAILED)
+    if proc.returncode == cli.EXIT_FAILED:
+        assert "soft" in proc.stderr
