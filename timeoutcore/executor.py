@@ -14,6 +14,7 @@ calls CPython retries after EINTR, see ``timeoutcore.patch()``).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,10 +42,22 @@ def as_policy(limits: Limits, default: Optional[DeadlinePolicy]) -> Optional[Dea
     return DeadlinePolicy(hard=float(limits))
 
 
-def _run(policy: Optional[DeadlinePolicy], fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+def _factory(policy: Optional[DeadlinePolicy]) -> Optional[Callable[[], Any]]:
+    """A cheap maker of fresh scopes for ``policy`` (None: no deadline)."""
     if policy is None:
+        return None
+    from .scope import thread_deadline
+
+    kw: dict[str, Any] = {"label": policy.label, "raise_on_timeout": policy.raise_on_timeout}
+    if policy.soft is not None:
+        kw.update(soft=policy.soft, soft_raise=policy.soft_raise)
+    return functools.partial(thread_deadline, policy.hard, **kw)
+
+
+def _run(make: Optional[Callable[[], Any]], fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+    if make is None:
         return fn(*args, **kwargs)
-    with policy.scope():
+    with make():
         return fn(*args, **kwargs)
 
 
@@ -66,17 +79,18 @@ class DeadlineExecutor(ThreadPoolExecutor):
         policy: Limits = None,
     ) -> None:
         self.policy = as_policy(policy, None)
+        self._make = _factory(self.policy)
         super().__init__(max_workers, thread_name_prefix, initializer, initargs)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` under the default policy."""
-        return super().submit(_run, self.policy, fn, args, kwargs)
+        return super().submit(_run, self._make, fn, args, kwargs)
 
     def submit_with(
         self, limits: Limits, fn: Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` under ``limits`` (seconds, a policy or a mapping)."""
-        return super().submit(_run, as_policy(limits, self.policy), fn, args, kwargs)
+        return super().submit(_run, _factory(as_policy(limits, self.policy)), fn, args, kwargs)
 
     def map(  # type: ignore[override]
         self,
@@ -95,7 +109,9 @@ class DeadlineExecutor(ThreadPoolExecutor):
         else:
             per_item = (as_policy(x, self.policy) for x in limits)
         futures = [
-            super(DeadlineExecutor, self).submit(_run, policy, fn, args, {})
+            super(DeadlineExecutor, self).submit(
+                _run, self._make if policy is self.policy else _factory(policy), fn, args, {}
+            )
             for policy, args in zip(per_item, zip(*iterables))
         ]
         return _results(futures, timeout)

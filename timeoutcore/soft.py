@@ -42,14 +42,16 @@ class _SoftTimer:
         self._pool: Optional[ThreadPoolExecutor] = None
 
     def register(self, scope: Any, when: float) -> None:
+        entry = (when, next(self._seq), scope)
         with self._cond:
-            heapq.heappush(self._heap, (when, next(self._seq), scope))
+            heapq.heappush(self._heap, entry)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="timeoutcore-soft", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if self._heap[0] is entry:  # only an earlier wake-up needs the timer thread
+                self._cond.notify()
 
     def _callbacks(self) -> ThreadPoolExecutor:
         if self._pool is None:
