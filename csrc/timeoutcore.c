@@ -661,9 +661,47 @@ static void refresh_switch_interval(void)
     double v = PyFloat_AsDouble(r);
     Py_DECREF(r);
     if (v > 0 && v < 10.0) {
-        atomic_store(&g_switch, (int64_t)(v * 1e9));
-        atomic_store(&g_lead, (int64_t)(v * 1e9) + 1000000);
+        int64_t sw = (int64_t)(v * 1e9);
+#if TC_LOWER_SWITCH
+        if (sw > (int64_t)TC_FAST_SWITCH_US * 1000)
+            sw = (int64_t)TC_FAST_SWITCH_US * 1000; /* what gil_take() waits */
+        atomic_store(&g_lead, sw + 300000);
+#else
+        atomic_store(&g_lead, sw + 1000000);
+#endif
+        atomic_store(&g_switch, sw);
     }
+}
+
+/* On 3.9-3.11 the switch interval is global runtime state, settable without
+ * a thread state: the watchdog lowers it to TC_FAST_SWITCH_US while it waits
+ * for the GIL, so the holder is asked to drop the GIL after 200 us instead of
+ * 5 ms and other CPU-bound threads cannot keep it queued for whole turns (the
+ * contention case: p50 tens of ms -> a few ms).  The user's value is put back
+ * as soon as the watchdog holds the GIL, unless they changed it meanwhile.
+ * From 3.12 the interval lives in the interpreter and needs a thread state,
+ * so there the user's own sys.setswitchinterval() is the knob. */
+#define TC_FAST_SWITCH_US 200UL
+#if PY_VERSION_HEX < 0x030C0000
+#define TC_LOWER_SWITCH 1
+#else
+#define TC_LOWER_SWITCH 0
+#endif
+
+static void gil_take(PyThreadState *ts)
+{
+#if TC_LOWER_SWITCH
+    unsigned long saved = _PyEval_GetSwitchInterval();
+    int lowered = saved > TC_FAST_SWITCH_US;
+    if (lowered)
+        _PyEval_SetSwitchInterval(TC_FAST_SWITCH_US);
+    PyEval_RestoreThread(ts);
+    if (lowered && _PyEval_GetSwitchInterval() == TC_FAST_SWITCH_US)
+        _PyEval_SetSwitchInterval(saved);
+#else
+    PyEval_RestoreThread(ts);
+#endif
+    STAT_INC(gil_takes);
 }
 
 static void *wd_main(void *arg)
@@ -701,8 +739,7 @@ static void *wd_main(void *arg)
         if (atomic_load(&ev.slot->gen) != ev.gen)
             continue; /* it changed while we looked: plan again */
 
-        PyEval_RestoreThread(ts);
-        STAT_INC(gil_takes);
+        gil_take(ts);
         if (atomic_load(&g_wd_stop))
             break;
         int64_t t1 = now_ns();
@@ -716,8 +753,7 @@ static void *wd_main(void *arg)
                 STAT_INC(requeues);
                 ts = PyEval_SaveThread();
                 sleep_until(ev.deadline - 200000);
-                PyEval_RestoreThread(ts);
-                STAT_INC(gil_takes);
+                gil_take(ts);
                 if (atomic_load(&g_wd_stop))
                     break;
             }

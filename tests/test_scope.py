@@ -434,3 +434,19 @@ def test_checkpoint_raises_only_past_the_deadline(api: Any, where: Any) -> None:
         return True
 
     assert where(body)
+
+
+def test_users_switch_interval_is_left_as_it_was() -> None:
+    # the watchdog may lower the switch interval while it waits for the GIL (3.9-3.11);
+    # the user's setting must be back afterwards
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.002)
+    try:
+        for _ in range(5):
+            with pytest.raises(DeadlineExceeded):
+                with timeoutcore.thread_deadline(0.01):
+                    spin_forever()
+        burn(0.01)
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        sys.setswitchinterval(before)
