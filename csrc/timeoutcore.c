@@ -464,11 +464,25 @@ static PyObject *raise_here(tc_slot *s)
 /* Mark the outermost due scope as fired and raise the interrupt in the
  * slot's thread.  GIL held.  `local`: we are that thread, set the error
  * directly (caller returns NULL); else inject asynchronously and kick. */
+#if PY_VERSION_HEX < 0x030A0000
+static PyThreadState *find_tstate(unsigned long ident);
+static int in_with_exit_gap(PyThreadState *t);
+#endif
+
 static int fire(tc_slot *s, int64_t now, int local)
 {
     PyObject *due = stack_due(s->top, now);
     if (due == NULL || atomic_load(&s->shield) > 0)
         return 0;
+#if PY_VERSION_HEX < 0x030A0000
+    if (!local) {
+        PyThreadState *t = find_tstate(s->ident);
+        if (t != NULL && in_with_exit_gap(t)) {
+            STAT_INC(requeues);
+            return 0; /* still ARMED and due: the watchdog comes straight back */
+        }
+    }
+#endif
     if (s->fired == NULL) {
         s->fired = due;
         as_scope(due)->expired = 1;
@@ -540,6 +554,28 @@ static int interrupt_in_flight(PyThreadState *t)
     return 0;
 }
 
+#if PY_VERSION_HEX < 0x030A0000
+#include "frameobject.h"
+#include "opcode.h"
+/* CPython 3.9 checks the eval breaker right after POP_BLOCK of a with
+ * statement's normal exit, before it calls __exit__: an asynchronous
+ * exception raised there leaves the block without its __exit__.  A thread
+ * parked at that check has f_lasti on the POP_BLOCK and the exit call
+ * sequence next.  The watchdog (holding the GIL) does not inject into that
+ * state; it tries again a moment later, once the exit has run. */
+static int in_with_exit_gap(PyThreadState *t)
+{
+    PyFrameObject *f = t->frame;
+    if (f == NULL || f->f_lasti < 0)
+        return 0;
+    PyObject *code = f->f_code->co_code;
+    Py_ssize_t n = PyBytes_GET_SIZE(code), i = f->f_lasti;
+    const unsigned char *c = (const unsigned char *)PyBytes_AS_STRING(code);
+    return i + 9 < n && c[i] == POP_BLOCK && c[i + 2] == LOAD_CONST && c[i + 4] == DUP_TOP &&
+           c[i + 6] == DUP_TOP && c[i + 8] == CALL_FUNCTION && c[i + 9] == 3;
+}
+#endif
+
 static void reinject(tc_slot *s, int64_t now)
 {
     PyThreadState *t;
@@ -551,6 +587,12 @@ static void reinject(tc_slot *s, int64_t now)
     t = find_tstate(s->ident);
     if (t == NULL || interrupt_in_flight(t))
         return;
+#if PY_VERSION_HEX < 0x030A0000
+    if (in_with_exit_gap(t)) {
+        atomic_store(&s->reinject_at, now + 50000);
+        return;
+    }
+#endif
     PyThreadState_SetAsyncExc(s->ident, g_interrupt);
     STAT_INC(reinjections);
     atomic_fetch_add(&s->wake, 1);
