@@ -445,6 +445,8 @@ class Workload:
     title: str
     prepare: Callable[[Method, float], ContextManager[Work]]
     only: Optional[str] = None  # run for this method key only
+    section: str = ""  # shown with this workload's rows (default: its own key)
+    variant: str = ""  # added to the method's name in that section
 
 
 @contextlib.contextmanager
@@ -490,7 +492,8 @@ def _time_sleep(m: Method, ends_at: float) -> Iterator[Work]:
 CPU = Workload("cpu", "CPU loop", _cpu)
 C_CALL = Workload("c_call", "blocking C call (ctypes read)", _c_call)
 SLEEP = Workload("sleep", "sleep (timeoutcore.sleep / time.sleep)", _own_sleep)
-TIME_SLEEP = Workload("time_sleep", "plain time.sleep", _time_sleep, only="timeoutcore")
+TIME_SLEEP = Workload("time_sleep", "plain time.sleep", _time_sleep, only="timeoutcore",
+                      section="sleep", variant="plain time.sleep")
 WORKLOADS: tuple[Workload, ...] = (CPU, C_CALL, SLEEP, TIME_SLEEP)
 
 
@@ -661,6 +664,8 @@ def _case_row(case: Case) -> dict[str, Any]:
         "method_title": case.method.title,
         "workload": case.workload.key,
         "workload_title": case.workload.title,
+        "section": case.workload.section or case.workload.key,
+        "row": case.method.title + (f" ({case.workload.variant})" if case.workload.variant else ""),
         "thread": case.thread,
         "limit_s": case.limit,
         "hogs": case.hogs,
@@ -696,6 +701,7 @@ def run_case(case: Case, plan: Plan) -> dict[str, Any]:
         row[name] = outcomes.count(name)
     samples = [round((t.exit.left_at - t.exit.deadline) * 1e3, 4) for t in trials]
     row["samples_ms"] = samples
+    row["outcomes"] = outcomes
     row.update(percentiles(samples))
     ran_on = [(t.exit.work_ended_at - t.exit.deadline) * 1e3 for t in trials]
     if row["abandoned"]:
@@ -807,6 +813,14 @@ def _pool_rate(m: Method, tasks: int) -> float:
         return tasks / (_perf() - t0)
 
 
+def _settle_threads(timeout: float = 2.0) -> None:
+    """Wait (briefly) for threads that are on their way out, e.g. cancelled timers."""
+    end = _perf() + timeout
+    for t in threading.enumerate():
+        if isinstance(t, threading.Timer) or type(t).__module__.startswith("func_timeout"):
+            t.join(max(0.0, end - _perf()))
+
+
 def run_throughput(plan: Plan, progress: Optional[Progress] = None) -> list[dict[str, Any]]:
     """Pool throughput per method: the median of ``throughput_reps`` runs taken round-robin,
     so that a slow moment of a shared machine does not land on one method only."""
@@ -829,7 +843,11 @@ def run_throughput(plan: Plan, progress: Optional[Progress] = None) -> list[dict
     for rep in range(plan.throughput_reps):
         if progress:
             progress(f"throughput: run {rep + 1} of {plan.throughput_reps}")
-        for m in runnable:
+        # Each run starts with another method, and threads the previous method left behind
+        # (cancelled timers) are let go first: no method always follows the same one.
+        shift = rep % len(runnable)
+        for m in runnable[shift:] + runnable[:shift]:
+            _settle_threads()
             row = rows[m.key]
             if "error" in row:
                 continue
@@ -985,7 +1003,8 @@ def _cell(row: Optional[dict[str, Any]], notes: _Notes) -> str:
         return f"n/a: raises {kind} {notes.mark(str(row['error']))}"
     if row["not_interrupted"] == row["trials"]:
         return f"not interrupted {notes.mark(_NOT_INTERRUPTED)}"
-    text = f"{_num(row['p50_ms'])} / {_num(row['p90_ms'])} / {_num(row['p99_ms'])} ({row['trials']})"
+    figures = " / ".join(_num(row[k]) for k in ("p50_ms", "p90_ms", "p99_ms"))
+    text = f"{figures} ({row['trials']})"
     marks = []
     if row.get("note"):
         marks.append(notes.mark(row["note"]))
@@ -997,7 +1016,9 @@ def _cell(row: Optional[dict[str, Any]], notes: _Notes) -> str:
     return " ".join([text, *marks])
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]) -> list[str]:
+def _table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[bool]
+) -> list[str]:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
@@ -1007,6 +1028,24 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence
     rule = "|" + "|".join(("-" * (w + 1) + ":") if r else ("-" * (w + 2))
                           for w, r in zip(widths, right)) + "|"
     return [line(header), rule, *(line(r) for r in rows)]
+
+
+Sections = dict[float, dict[tuple[str, int], list[dict[str, Any]]]]
+
+
+def _sections(overshoot: Sequence[dict[str, Any]]) -> Sections:
+    """Overshoot rows by deadline, then by (section, hogs), in the order they were run."""
+    out: Sections = {}
+    for r in overshoot:
+        key = (r.get("section", r["workload"]), r["hogs"])
+        out.setdefault(r["limit_s"], {}).setdefault(key, []).append(r)
+    return dict(sorted(out.items()))
+
+
+def _section_title(members: Sequence[dict[str, Any]], hogs: int) -> str:
+    first = next((r for r in members if r["workload"] == r.get("section")), members[0])
+    title = str(first["workload_title"])
+    return title + (f", {hogs} other threads spinning" if hogs else "")
 
 
 def describe_environment(env: dict[str, Any]) -> str:
@@ -1030,35 +1069,26 @@ def render(results: dict[str, Any]) -> str:
     for r in results["overhead"]:
         if "per_block_ns" in r:
             x = r.get("x_baseline")
-            rows.append([r["title"], f"{r['per_block_ns']:,.0f}", "-" if x is None else f"{x:g}"])
+            ratio = "-" if x is None else (f"{x:.2f}" if x < 10 else f"{x:,.0f}")
+            rows.append([r["title"], f"{r['per_block_ns']:,.0f}", ratio])
         else:
             rows.append([r["title"], _cell(r, notes), ""])
     out += _table(["overhead of a block that does not time out (main thread)", "ns per block",
                    "x no-op with"], rows, [False, True, True])
 
-    limits = sorted({r["limit_s"] for r in results["overshoot"]})
-    for limit in limits:
-        by_key = {(r["method"], r["workload"], r["thread"], r["hogs"]): r
-                  for r in results["overshoot"] if r["limit_s"] == limit}
-        sections: list[tuple[str, int]] = []
-        for r in results["overshoot"]:
-            if r["limit_s"] == limit and (r["workload"], r["hogs"]) not in sections:
-                sections.append((r["workload"], r["hogs"]))
+    for limit, panels in _sections(results["overshoot"]).items():
         rows = []
-        for wkey, hogs in sections:
-            title = next(r["workload_title"] for r in by_key.values() if r["workload"] == wkey)
-            if hogs:
-                title += f", {hogs} other threads spinning"
-            names = {
-                r["method"]: r["method_title"] for r in results["overshoot"]
-                if r["limit_s"] == limit and r["workload"] == wkey and r["hogs"] == hogs
-            }
-            for i, (mkey, mtitle) in enumerate(names.items()):
+        for (section, hogs), members in panels.items():
+            title = _section_title(members, hogs)
+            by_row: dict[str, dict[str, dict[str, Any]]] = {}
+            for r in members:
+                by_row.setdefault(r["row"], {})[r["thread"]] = r
+            for i, (name, cells) in enumerate(by_row.items()):
                 rows.append([
                     title if i == 0 else "",
-                    mtitle,
-                    _cell(by_key.get((mkey, wkey, "main", hogs)), notes),
-                    _cell(by_key.get((mkey, wkey, "worker", hogs)), notes),
+                    name,
+                    _cell(cells.get("main"), notes),
+                    _cell(cells.get("worker"), notes),
                 ])
         out += ["", f"overshoot past a {limit * 1e3:g} ms deadline, ms: p50 / p90 / p99 (trials)"]
         out += _table(["workload", "method", "main thread", "pool worker"], rows,
@@ -1084,39 +1114,45 @@ def plot(results: dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     plt: Any = importlib.import_module("matplotlib.pyplot")
 
-    measured = [r for r in results["overshoot"] if r.get("samples_ms")]
-    panels = list(dict.fromkeys((r["limit_s"], r["workload"], r["hogs"]) for r in measured))
+    panels = [
+        (limit, key, [r for r in members if r.get("samples_ms")])
+        for limit, sections in _sections(results["overshoot"]).items()
+        for key, members in sections.items()
+    ]
+    panels = [p for p in panels if p[2]]
     ncols = min(3, max(1, len(panels)))
     nrows = max(1, math.ceil(len(panels) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.0 * ncols, 3.6 * nrows), squeeze=False)
     colors = {"main": "tab:blue", "worker": "tab:orange"}
+    floor = 1e-2  # ms: the axis starts here; smaller values are drawn on it
+    top = max(max(r["samples_ms"]) for _, _, rows in panels for r in rows) if panels else 1.0
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
-    for ax, (limit, wkey, hogs) in zip(axes.flat, panels):
-        rows = [r for r in measured if (r["limit_s"], r["workload"], r["hogs"]) == (limit, wkey, hogs)]
-        labels = list(dict.fromkeys(r["method_title"] for r in rows))
+    for ax, (limit, (_, hogs), rows) in zip(axes.flat, panels):
+        labels = list(dict.fromkeys(r["row"] for r in rows))
         for r in rows:
-            y = labels.index(r["method_title"]) + (-0.15 if r["thread"] == "main" else 0.15)
-            xs = [max(v, 1e-3) for v in r["samples_ms"]]
-            ys = [y + 0.08 * ((i * 0.618) % 1 - 0.5) for i in range(len(xs))]
-            stopped = r["not_interrupted"] == 0
-            ax.scatter(xs, ys, s=9, alpha=0.6, color=colors[r["thread"]],
-                       marker="o" if stopped else "x")
-            ax.plot([max(r["p50_ms"], 1e-3)] * 2, [y - 0.13, y + 0.13], color="black", lw=1.2)
+            y = labels.index(r["row"]) + (-0.15 if r["thread"] == "main" else 0.15)
+            outcomes = r.get("outcomes") or ["stopped"] * len(r["samples_ms"])
+            points = [(max(v, floor), y + 0.16 * ((i * 0.618) % 1 - 0.5), o == "stopped")
+                      for i, (v, o) in enumerate(zip(r["samples_ms"], outcomes))]
+            for stopped in (True, False):
+                xy = [(x, yy) for x, yy, s in points if s is stopped]
+                if xy:
+                    ax.scatter([p[0] for p in xy], [p[1] for p in xy], s=9, alpha=0.6,
+                               color=colors[r["thread"]], marker="o" if stopped else "x")
+            ax.plot([max(r["p50_ms"], floor)] * 2, [y - 0.13, y + 0.13], color="black", lw=1.2)
         ax.set_xscale("log")
+        ax.set_xlim(floor, top * 2)
+        ax.set_ylim(len(labels) - 0.5, -0.5)
         ax.set_yticks(range(len(labels)))
         ax.set_yticklabels(labels, fontsize=8)
-        ax.invert_yaxis()
-        title = next(r["workload_title"] for r in rows)
-        if hogs:
-            title += f" +{hogs} busy threads"
-        ax.set_title(f"{limit * 1e3:g} ms deadline: {title}", fontsize=9)
+        ax.set_title(f"{limit * 1e3:g} ms deadline: {_section_title(rows, hogs)}", fontsize=9)
         ax.set_xlabel("overshoot past the deadline, ms (log)", fontsize=8)
-        ax.grid(True, axis="x", which="both", alpha=0.3)
+        ax.grid(True, axis="x", which="major", alpha=0.3)
     handles = [plt.Line2D([], [], color=c, marker="o", ls="", label=f"{t} thread" if t == "main"
                           else "pool worker") for t, c in colors.items()]
     handles.append(plt.Line2D([], [], color="gray", marker="x", ls="",
-                              label="not interrupted (ended by itself)"))
+                              label="not stopped: ran to its end, or left running"))
     handles.append(plt.Line2D([], [], color="black", lw=1.2, label="p50"))
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8)
     fig.suptitle(f"timeoutcore bench ({results['mode']}): "

@@ -203,7 +203,7 @@ def bench(args: argparse.Namespace) -> int:
         _check_output_path("--json", args.json)
 
     plan = engine.QUICK if args.quick else engine.FULL
-    about = "well under a minute" if args.quick else "about 5 minutes"
+    about = "well under a minute" if args.quick else "about 6 minutes"
     print(f"{PROG} bench ({plan.name}): {about}; progress on stderr", file=sys.stderr)
     missing = [m.requires for m in engine.METHODS if m.missing() is not None]
     if missing:
@@ -243,7 +243,8 @@ def _describe_invalid(exc: BaseException) -> str:
             parts = []
             for item in items:
                 loc = ".".join(str(p) for p in item.get("loc", ()))
-                parts.append(f"{loc}: {item.get('msg')}" if loc else str(item.get("msg")))
+                msg = str(item.get("msg", "")).removeprefix("Value error, ")
+                parts.append(f"{loc}: {msg}" if loc else msg)
             if parts:
                 return "; ".join(parts)
         except Exception:  # noqa: BLE001 - fall back to the plain message
@@ -252,17 +253,60 @@ def _describe_invalid(exc: BaseException) -> str:
 
 
 def _status_of(result: Any) -> int:
+    """The exit status for a ``RunResult``, as coreutils ``timeout`` would give it."""
     status = getattr(result, "status", None)
     if status in ("soft_killed", "timed_out"):
         return EXIT_TIMEOUT
     if status == "error":
+        error = str(getattr(result, "error", "") or "")
+        if error.startswith("FileNotFoundError"):
+            return EXIT_NOT_FOUND
+        if error.startswith(("PermissionError", "IsADirectoryError", "NotADirectoryError")):
+            return EXIT_CANNOT_RUN
         return EXIT_FAILED
-    code = getattr(result, "returncode", None)
-    if not isinstance(code, int):
-        return EXIT_FAILED
-    if code < 0:  # killed by a signal nobody at timeoutcore sent: the shell's convention
-        return 128 + (-code)
-    return code
+    code = getattr(result, "exit_code", None)
+    if code is None:
+        code = getattr(result, "returncode", None)
+    if isinstance(code, int):
+        return 128 - code if code < 0 else code  # < 0: subprocess's "died of signal -code"
+    sig = getattr(result, "signal", None)
+    if isinstance(sig, int):
+        return 128 + sig  # died of a signal nobody at timeoutcore sent: the shell's convention
+    return EXIT_FAILED
+
+
+class _Waiting:
+    """On a terminal, after 2 s, a line on stderr saying the command still runs (its output is
+    captured, so nothing else shows); nothing when stderr is not a terminal."""
+
+    def __init__(self, name: str, hard: float) -> None:
+        self.name, self.hard = name, hard
+        self.stop = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> _Waiting:
+        if sys.stderr.isatty():
+            self.thread = threading.Thread(target=self._show, daemon=True)
+            self.thread.start()
+        return self
+
+    def _show(self) -> None:
+        t0 = time.monotonic()
+        if self.stop.wait(2.0):
+            return
+        while True:
+            sys.stderr.write(f"\r\033[K{PROG} run: {self.name} running, "
+                             f"{int(time.monotonic() - t0)} s of at most {self.hard:g} s")
+            sys.stderr.flush()
+            if self.stop.wait(0.5):
+                break
+        sys.stderr.write("\r\033[K")
+        sys.stderr.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -283,7 +327,8 @@ def run_command(args: argparse.Namespace) -> int:
     if args.grace is not None:
         kwargs["grace"] = args.grace
     try:
-        result = module.run(cmd, **kwargs)
+        with _Waiting(cmd[0], args.hard):
+            result = module.run(cmd, **kwargs)
     except FileNotFoundError:
         return _fail(f"command not found: {cmd[0]}", EXIT_NOT_FOUND, "run")
     except PermissionError:
@@ -297,7 +342,11 @@ def run_command(args: argparse.Namespace) -> int:
         payload = payload.encode()
     sys.stdout.buffer.write(payload + b"\n")
     sys.stdout.flush()
-    return _status_of(result)
+    code = _status_of(result)
+    if getattr(result, "status", None) == "error":
+        _fail(f"cannot run {cmd[0]}: {getattr(result, 'error', None) or 'unknown error'}",
+              code, "run")
+    return code
 
 
 # --- parser ---------------------------------------------------------------------------------
