@@ -103,7 +103,10 @@ def test_demo_prints_json_lines_and_stops_the_overrunning_tasks(tmp_path: Path) 
     tasks = [orjson.loads(line) for line in lines]
     assert [t["task"] for t in tasks] == list(range(8))
     assert {t["status"] for t in tasks if t["task"] % 4 == 0} == {"timed_out"}
-    assert {t["status"] for t in tasks if t["task"] % 4} == {"completed"}
+    assert {t["status"] for t in tasks if t["task"] % 4 == 2} == {"soft_exceeded"}
+    assert {t["status"] for t in tasks if t["task"] % 2} == {"completed"}
+    assert all(t["soft_limit"] == pytest.approx(0.06) for t in tasks)
+    assert "soft limit passed" in proc.stdout
     assert "signal.alarm in a pool thread: ValueError" in proc.stdout
 
 

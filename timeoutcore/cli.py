@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -85,24 +86,15 @@ _KINDS: dict[str, Callable[[float], None]] = {
 
 
 def _task(i: int, kind: str, seconds: float, limit: float) -> dict[str, Any]:
-    scope = thread_deadline(limit, label=f"task-{i}")
-    status = "completed"
+    scope = thread_deadline(limit, label=f"task-{i}", soft=limit * SOFT_SHARE)
     try:
         with scope:
             _KINDS[kind](seconds)
     except DeadlineExceeded:
-        status = "timed_out"
-    over = scope.overshoot
-    return {
-        "task": i,
-        "kind": kind,
-        "thread": threading.current_thread().name,
-        "work_s": seconds,
-        "limit_s": limit,
-        "status": status,
-        "elapsed_s": round(scope.elapsed(), 6),
-        "overshoot_ms": None if over is None else round(over * 1e3, 3),
-    }
+        pass
+    row: dict[str, Any] = {"task": i, "kind": kind, "work_s": seconds}
+    row.update(orjson.loads(scope.result.to_json()))  # the DeadlineResult, as logged
+    return row
 
 
 def _alarm_in_worker() -> str:
@@ -119,38 +111,57 @@ def _alarm_in_worker() -> str:
         return pool.submit(attempt).result()
 
 
+SOFT_SHARE = 0.6  # the demo's soft limit, as a share of the hard one
+
+
+def _work_for(i: int, limit: float) -> float:
+    """Every fourth task overruns the hard limit; every fourth, from the third on, passes
+    only the soft one; the rest finish well within both."""
+    if i % 4 == 0:
+        return limit * 4.0
+    if i % 4 == 2:
+        return limit * 0.8
+    return limit * 0.2
+
+
 def demo(args: argparse.Namespace) -> int:
     limit = args.limit
-    plan = []
     kinds = list(_KINDS)
-    for i in range(args.tasks):
-        kind = kinds[i % len(kinds)]
-        overrun = i % 4 == 0
-        plan.append((i, kind, limit * (4.0 if overrun else 0.2)))
+    plan = [(i, kinds[i % len(kinds)], _work_for(i, limit)) for i in range(args.tasks)]
     print(
-        f"# engine={ENGINE}: {len(plan)} tasks on {args.workers} pool threads, "
-        f"each under thread_deadline({limit:g}); every fourth task overruns",
+        f"# engine={ENGINE}: {len(plan)} tasks on {args.workers} pool threads, each under "
+        f"thread_deadline({limit:g}, soft={limit * SOFT_SHARE:g}); every fourth task overruns "
+        "its hard limit, every fourth from the third on passes only the soft one",
         flush=True,
     )
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("# %(levelname)s %(message)s"))
+    log = logging.getLogger("timeoutcore")
+    log.addHandler(handler)
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="worker") as pool:
-        futures = [pool.submit(_task, i, kind, secs, limit) for i, kind, secs in plan]
-        results = []
-        for fut in futures:
-            res = fut.result()
-            results.append(res)
-            print(orjson.dumps(res).decode(), flush=True)
+    try:
+        with ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="worker") as pool:
+            futures = [pool.submit(_task, i, kind, secs, limit) for i, kind, secs in plan]
+            results = []
+            for fut in futures:
+                res = fut.result()
+                results.append(res)
+                print(orjson.dumps(res).decode(), flush=True)
+    finally:
+        log.removeHandler(handler)
     wall = time.monotonic() - t0
-    timed_out = [r for r in results if r["status"] == "timed_out"]
-    overs = sorted(r["overshoot_ms"] for r in timed_out if r["overshoot_ms"] is not None)
-    print(f"# {len(results) - len(timed_out)} completed, {len(timed_out)} stopped at their "
-          f"deadline, wall {wall:.2f} s")
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    print(f"# {summary}; wall {wall:.2f} s")
+    overs = sorted(r["overshoot"] * 1e3 for r in results if r["overshoot"] is not None)
     if overs:
-        print(f"# overshoot after the deadline: median {overs[len(overs) // 2]:.3f} ms, "
+        print(f"# hard limit overshoot: median {overs[len(overs) // 2]:.3f} ms, "
               f"max {overs[-1]:.3f} ms")
     print(f"# for comparison, signal.alarm in a pool thread: {_alarm_in_worker()}")
     expected = sum(1 for i, _, _ in plan if i % 4 == 0)
-    return 0 if len(timed_out) == expected else 1
+    return 0 if counts.get("timed_out", 0) == expected else 1
 
 
 # --- bench ----------------------------------------------------------------------------------
