@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from conftest import record_per_op as _record
+
 from timeoutcore import DeadlineExecutor, metrics, thread_deadline
 
 OPS = 1000
@@ -22,18 +24,6 @@ ROUNDS = 30
 LIMIT = 10.0
 
 pytestmark = pytest.mark.benchmark(group="overhead")
-
-
-def _record(benchmark: BenchmarkFixture, case: str, ops: int) -> None:
-    assert benchmark.stats is not None
-    stats = benchmark.stats.stats
-    benchmark.extra_info.update(
-        case=case,
-        ops_per_round=ops,
-        per_op_ns=round(stats.median / ops * 1e9, 1),
-        per_op_ns_min=round(stats.min / ops * 1e9, 1),
-        baseline=False,
-    )
 
 
 def _plain(n: int) -> None:

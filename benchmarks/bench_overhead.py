@@ -17,6 +17,8 @@ from typing import Callable
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
 
+from conftest import record_per_op as _record
+
 from timeoutcore import ENGINE, bench, thread_deadline
 
 ROUNDS = 100
@@ -27,16 +29,6 @@ pytestmark = pytest.mark.benchmark(group="overhead")
 CASES = bench.overhead_cases()
 
 
-def _record(benchmark: BenchmarkFixture, case: str, ops: int, baseline: bool = False) -> None:
-    assert benchmark.stats is not None
-    stats = benchmark.stats.stats
-    benchmark.extra_info.update(
-        case=case,
-        ops_per_round=ops,
-        per_op_ns=round(stats.median / ops * 1e9, 1),
-        per_op_ns_min=round(stats.min / ops * 1e9, 1),
-        baseline=baseline,
-    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

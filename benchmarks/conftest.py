@@ -35,6 +35,19 @@ _ROWS_KEY = pytest.StashKey[list[dict[str, Any]]]()
 _ENV_KEY = pytest.StashKey[dict[str, Any]]()
 
 
+def record_per_op(benchmark: Any, case: str, ops: int, baseline: bool = False) -> None:
+    """Store a per-operation cost row (group ``overhead``) for a round of ``ops`` operations."""
+    assert benchmark.stats is not None
+    stats = benchmark.stats.stats
+    benchmark.extra_info.update(
+        case=case,
+        ops_per_round=ops,
+        per_op_ns=round(stats.median / ops * 1e9, 1),
+        per_op_ns_min=round(stats.min / ops * 1e9, 1),
+        baseline=baseline,
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_ROWS_KEY] = []
 
