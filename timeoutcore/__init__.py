@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from . import metrics
 from ._engine import ENGINE
+from .blocking import acquire, bounded_wait, socket_timeout, wait_readable, wait_writable
 from .errors import DeadlineExceeded, SoftDeadlineExceeded
 from .executor import DeadlineExecutor
 from .metrics import Metrics
+from .patch import is_patched, patch, patched_targets, unpatch
 from .policy import DeadlinePolicy, PolicyTable, set_policy_table
 from .results import DeadlineResult, ResultLog
+from .subprocess import RunResult, run
 from .scope import (
     DeadlineScope,
     checkpoint,
@@ -44,16 +47,27 @@ __all__ = [
     "Metrics",
     "PolicyTable",
     "ResultLog",
+    "RunResult",
     "SoftDeadlineExceeded",
+    "acquire",
+    "bounded_wait",
     "checkpoint",
     "current_scope",
+    "is_patched",
     "metrics",
+    "patch",
+    "patched_targets",
     "remaining",
+    "run",
     "set_default_result_log",
     "set_policy_table",
     "shield",
     "sleep",
+    "socket_timeout",
     "thread_deadline",
     "thread_deadline_at",
+    "unpatch",
+    "wait_readable",
+    "wait_writable",
     "__version__",
 ]

@@ -245,11 +245,12 @@ class Scope:
         self._entered = now
         self._st = st
         self._ident = st.ident
+        if self._deadline != _NEVER:
+            _wd.ensure()  # outside the lock: Thread.start() waits for the new thread
         with _wd.lock:
             self._state = 1
             st.stack.append(self)
             if self._deadline != _NEVER:
-                _wd.ensure()
                 _wd.lock.notify()
         return self
 

@@ -74,6 +74,7 @@ def _blocking_read(seconds: float) -> None:
         libc.read(r, buf, 1)
     finally:
         writer.cancel()
+        writer.join()  # it may be writing right now: never close the fd under it
         os.close(r)
         os.close(w)
 
