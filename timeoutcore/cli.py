@@ -112,7 +112,7 @@ def _alarm_in_worker() -> str:
         return pool.submit(attempt).result()
 
 
-SOFT_SHARE = 0.6  # the demo's soft limit, as a share of the hard one
+SOFT_SHARE = 0.5  # the demo's soft limit, as a share of the hard one
 
 
 def _work_for(i: int, limit: float) -> float:
@@ -121,7 +121,7 @@ def _work_for(i: int, limit: float) -> float:
     if i % 4 == 0:
         return limit * 4.0
     if i % 4 == 2:
-        return limit * 0.8
+        return limit * 0.75
     return limit * 0.2
 
 
