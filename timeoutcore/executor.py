@@ -92,7 +92,7 @@ class DeadlineExecutor(ThreadPoolExecutor):
         """Run ``fn(*args, **kwargs)`` under ``limits`` (seconds, a policy or a mapping)."""
         return super().submit(_run, _factory(as_policy(limits, self.policy)), fn, args, kwargs)
 
-    def map(  # type: ignore[override]
+    def map(
         self,
         fn: Callable[..., T],
         *iterables: Iterable[Any],
@@ -104,7 +104,7 @@ class DeadlineExecutor(ThreadPoolExecutor):
         with one per item. Iterating raises the first failure, as ``Executor.map`` does."""
         if limits is None or isinstance(limits, (int, float, DeadlinePolicy, Mapping)):
             per_item: Iterable[Optional[DeadlinePolicy]] = itertools.repeat(
-                as_policy(limits, self.policy)  # type: ignore[arg-type]
+                as_policy(limits, self.policy)
             )
         else:
             per_item = (as_policy(x, self.policy) for x in limits)
