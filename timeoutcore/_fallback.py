@@ -174,6 +174,14 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _drop_above(st: _ThreadState, scope: Scope) -> None:
+    """Drop scopes above ``scope`` whose exit never ran.  (A loop of its own frame: on
+    CPython 3.13.0 an exception raised at a `while <cond>:` back-edge skips the frame's
+    with-exits, cpython#130279, and the caller holds the watchdog lock in one.)"""
+    while st.stack and st.stack[-1] is not scope:
+        st.stack.pop()._state = 2
+
+
 class Scope:
     """Pure-Python deadline scope (same behaviour as the native one, less precise)."""
 
@@ -263,9 +271,7 @@ class Scope:
             raise RuntimeError("a deadline scope must be exited in the thread that entered it")
         with _wd.lock:
             now = time.monotonic()
-            while st.stack and st.stack[-1] is not self:
-                stale = st.stack.pop()
-                stale._state = 2
+            _drop_above(st, self)
             if st.stack:
                 st.stack.pop()
             self._state = 2

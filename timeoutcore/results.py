@@ -90,6 +90,15 @@ def build_result(scope: Any, thread_name: Optional[str] = None) -> DeadlineResul
     )
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    # The loop lives in its own frame: CPython 3.13.0 skips a frame's with-exits when an
+    # exception is raised at a `while <cond>:` back-edge (cpython#130279), and the caller
+    # holds a lock in a with statement.
+    written = os.write(fd, data)
+    while written < len(data):  # only for exotic file systems
+        written += os.write(fd, data[written:])
+
+
 class ResultLog:
     """Appends results to a JSON Lines file; safe with concurrent writers.
 
@@ -106,9 +115,7 @@ class ResultLog:
         """Append one result as one line."""
         line = result.to_json() + b"\n"
         with self._lock:
-            written = os.write(self._fd, line)
-            while written < len(line):  # only for exotic file systems
-                written += os.write(self._fd, line[written:])
+            _write_all(self._fd, line)
 
     def read(self) -> list[DeadlineResult]:
         """Every result in the file, in order."""
