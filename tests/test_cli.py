@@ -108,7 +108,6 @@ def test_demo_prints_json_lines_and_stops_the_overrunning_tasks(tmp_path: Path) 
     # a soft-only task passes its soft limit; it ends 60 ms before its hard one, which a
     # heavily loaded machine may still eat
     assert {t["status"] for t in tasks if t["task"] % 4 == 2} <= {"soft_exceeded", "timed_out"}
-    assert any(t["status"] == "soft_exceeded" for t in tasks)
     assert {t["status"] for t in tasks if t["task"] % 2} == {"completed"}
     assert all(t["soft_limit"] == pytest.approx(0.125) for t in tasks)
     assert "soft limit passed" in proc.stdout
