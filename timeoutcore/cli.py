@@ -147,7 +147,9 @@ def demo(args: argparse.Namespace) -> int:
             for fut in futures:
                 res = fut.result()
                 results.append(res)
-                print(orjson.dumps(res).decode(), flush=True)
+                # one write per line: the soft-limit warnings share stdout from another thread
+                sys.stdout.write(orjson.dumps(res).decode() + "\n")
+                sys.stdout.flush()
     finally:
         log.removeHandler(handler)
     wall = time.monotonic() - t0
