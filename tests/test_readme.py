@@ -7,10 +7,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def test_feature_example_runs(tmp_path: Path) -> None:
+    if not README.exists():  # tests copied out of the source tree to test an installed wheel
+        pytest.skip("README.md is not beside tests/ (not a source checkout)")
     text = README.read_text(encoding="utf-8")
     section = text.split("## Soft limits, cleanup, results, policies, metrics, thread pool")[1]
     code = section.split("```python", 1)[1].split("```", 1)[0]
