@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import types
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -87,6 +88,25 @@ def in_thread(fn: Callable[[], Any]) -> Any:
     if "error" in box:
         raise box["error"]
     return box.get("value")
+
+
+def expect_deadline(work: Callable[[], Any], limit: float = 0.05) -> float:
+    """Run ``work`` under ``thread_deadline(limit)`` in a worker thread: it must be stopped
+    by the deadline, promptly (generous bound). Returns the overshoot in seconds."""
+
+    def body() -> Any:
+        scope = timeoutcore.thread_deadline(limit)
+        t0 = time.monotonic()
+        with pytest.raises(timeoutcore.DeadlineExceeded):
+            with scope:
+                work()
+        return time.monotonic() - t0, scope
+
+    took, scope = in_thread(body)
+    assert scope.expired()
+    assert limit <= took < limit + LATE, took
+    assert scope.overshoot is not None and 0 <= scope.overshoot < LATE
+    return float(scope.overshoot)
 
 
 @pytest.fixture(params=["main", "worker"])

@@ -8,10 +8,10 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import pytest
-from conftest import LATE, in_thread
+from conftest import LATE, expect_deadline, in_thread
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded, thread_deadline
@@ -25,25 +25,6 @@ from timeoutcore.blocking import (
 )
 
 LIMIT = 0.05
-
-
-def expect_deadline(work: Callable[[], Any], limit: float = LIMIT) -> float:
-    """Run ``work`` under ``thread_deadline(limit)`` in a worker thread; it must be stopped
-    by the deadline, promptly. Returns the overshoot in seconds."""
-
-    def body() -> Any:
-        scope = thread_deadline(limit)
-        t0 = time.monotonic()
-        with pytest.raises(DeadlineExceeded):
-            with scope:
-                work()
-        return time.monotonic() - t0, scope
-
-    took, scope = in_thread(body)
-    assert scope.expired()
-    assert limit <= took < limit + LATE, took
-    assert scope.overshoot is not None and 0 <= scope.overshoot < LATE
-    return float(scope.overshoot)
 
 
 @pytest.fixture

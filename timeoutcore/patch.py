@@ -347,17 +347,24 @@ def _make_popen_wait(orig: Callable[..., Any]) -> Callable[..., Any]:
                 except subprocess.TimeoutExpired as exc:
                     return False, exc
 
-        try:
-            result = bounded_wait(step, timeout)
-        except _DeadlineInterrupt:
-            _abandon(self)
-            raise
-        if isinstance(result, subprocess.TimeoutExpired):
-            result.timeout = timeout  # type: ignore[assignment]
-            raise result
-        return result
+        return _owned_wait(self, step, timeout)
 
     return wait
+
+
+def _owned_wait(proc: Any, step: Callable[[Optional[float]], Tuple[bool, Any]],
+                timeout: Optional[float]) -> Any:
+    """Run a Popen wait in deadline-bounded steps; if the deadline interrupts it, kill and
+    reap the scope-owned child before the interrupt goes on."""
+    try:
+        result = bounded_wait(step, timeout)
+    except _DeadlineInterrupt:
+        _abandon(proc)
+        raise
+    if isinstance(result, subprocess.TimeoutExpired):
+        result.timeout = timeout  # type: ignore[assignment]
+        raise result
+    return result
 
 
 def _make_communicate(orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -375,15 +382,7 @@ def _make_communicate(orig: Callable[..., Any]) -> Callable[..., Any]:
                 except subprocess.TimeoutExpired as exc:
                     return False, exc
 
-        try:
-            result = bounded_wait(step, timeout)
-        except _DeadlineInterrupt:
-            _abandon(self)
-            raise
-        if isinstance(result, subprocess.TimeoutExpired):
-            result.timeout = timeout  # type: ignore[assignment]
-            raise result
-        return result
+        return _owned_wait(self, step, timeout)
 
     return communicate
 
