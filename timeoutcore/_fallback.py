@@ -505,7 +505,7 @@ def _raise_in_scope(scope: Scope, exc: type) -> bool:
     """Raise ``exc`` in the thread running ``scope`` if it is active (best effort)."""
     st = scope._st
     with _wd.lock:
-        if scope._state != 1 or st is None or st.shield or st.fired is not None:
+        if scope._state != 1 or scope._exiting or st is None or st.shield or st.fired is not None:
             return False
         scope._soft_pending = True
         _inject(st.ident, exc)
