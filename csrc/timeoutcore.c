@@ -1219,7 +1219,7 @@ static void raise_exceeded(PyObject *self, int interrupt_was_in_flight)
     PyObject *exc = PyObject_CallFunctionObjArgs(g_exceeded, self, NULL);
     if (exc == NULL)
         return;
-    PyErr_SetObject(g_exceeded, exc);
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc); /* a subclass when cancelled */
     if (interrupt_was_in_flight) {
         /* "raise DeadlineExceeded from None": the internal interrupt is noise. */
         PyObject *et, *ev, *tb;

@@ -34,6 +34,13 @@ class DeadlineExceeded(TimeoutError):
     elapsed: float
     overshoot: Optional[float]
 
+    def __new__(cls, scope: Any = None, *args: Any) -> DeadlineExceeded:
+        # A scope stopped by ``cancel()`` is reported as the subclass DeadlineCancelled,
+        # whoever builds the exception (the C core calls DeadlineExceeded(scope)).
+        if cls is DeadlineExceeded and getattr(scope, "_cancelled", False):
+            cls = DeadlineCancelled
+        return super().__new__(cls)  # args are set by __init__
+
     def __init__(self, scope: Any) -> None:
         self.scope = scope
         self.label = scope.label
@@ -43,12 +50,28 @@ class DeadlineExceeded(TimeoutError):
         name = f" {self.label!r}" if self.label is not None else ""
         limit = f"{self.limit:g} s " if self.limit is not None else ""
         over = f", {self.overshoot * 1e3:.3f} ms late" if self.overshoot is not None else ""
-        super().__init__(
-            f"deadline{name} exceeded: {limit}limit, block left after {self.elapsed:.6f} s{over}"
-        )
+        if isinstance(self, DeadlineCancelled):
+            message = f"block{name} cancelled: left after {self.elapsed:.6f} s"
+        else:
+            message = (
+                f"deadline{name} exceeded: {limit}limit, block left after {self.elapsed:.6f} s"
+                f"{over}"
+            )
+        # Set directly: with __new__ overridden, OSError's __init__ leaves args alone.
+        self.args = (message,)
 
     def __reduce__(self) -> Any:
-        return (_rebuild_exceeded, (str(self), self.label, self.limit, self.elapsed, self.overshoot))
+        return (
+            _rebuild_exceeded,
+            (str(self), self.label, self.limit, self.elapsed, self.overshoot, type(self)),
+        )
+
+
+class DeadlineCancelled(DeadlineExceeded):
+    """The block was stopped by ``scope.cancel()`` (for instance a coordinator's
+    ``DeadlineRegistry.cancel(job)``) rather than by its clock. A ``DeadlineExceeded``, so
+    code that handles deadlines handles cancellation the same way; its result's status is
+    ``cancelled``."""
 
 
 def _rebuild_exceeded(
@@ -57,9 +80,10 @@ def _rebuild_exceeded(
     limit: Optional[float],
     elapsed: float,
     overshoot: Optional[float],
+    cls: type = DeadlineExceeded,
 ) -> DeadlineExceeded:
-    exc = DeadlineExceeded.__new__(DeadlineExceeded)
-    TimeoutError.__init__(exc, message)
+    exc: DeadlineExceeded = cls.__new__(cls)
+    exc.args = (message,)
     exc.scope = None
     exc.label, exc.limit, exc.elapsed, exc.overshoot = label, limit, elapsed, overshoot
     return exc

@@ -23,7 +23,7 @@ from .errors import DeadlineExceeded, _DeadlineInterrupt
 # time.time() - time.monotonic(), read once: results are then reproducible
 _WALL_MINUS_MONOTONIC = time.time() - time.monotonic()
 
-Status = Literal["completed", "soft_exceeded", "timed_out", "error"]
+Status = Literal["completed", "soft_exceeded", "timed_out", "cancelled", "error"]
 
 
 class DeadlineResult(BaseModel):
@@ -54,9 +54,10 @@ class DeadlineResult(BaseModel):
 
 
 def status_of(scope: Any) -> Status:
-    """``timed_out`` / ``error`` / ``soft_exceeded`` / ``completed`` for an exited scope."""
+    """``timed_out`` / ``cancelled`` / ``error`` / ``soft_exceeded`` / ``completed`` for an
+    exited scope."""
     if scope.expired():
-        return "timed_out"
+        return "cancelled" if getattr(scope, "_cancelled", False) else "timed_out"
     exc = scope.exit_exception
     if exc is not None and not isinstance(exc, (DeadlineExceeded, _DeadlineInterrupt)):
         return "error"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any, Callable, Optional, TypeVar
 
 from . import _hooks
@@ -19,8 +20,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Per-scope state of the optional features; every engine's scope class declares them.
 EXTRA_SLOTS = ("_extras", "_soft", "_on_soft", "_soft_raise", "_soft_fired", "_cleanups",
-               "_result_log")
-_EXTRA_KEYS = ("soft", "on_soft", "soft_raise", "result_log")
+               "_result_log", "_observer", "_cancelled")
+_EXTRA_KEYS = ("soft", "on_soft", "soft_raise", "result_log", "observer")
 
 
 class _ScopeMixin:
@@ -40,6 +41,7 @@ class _ScopeMixin:
         on_soft = extras.get("on_soft")
         soft_raise = extras.get("soft_raise", False)
         result_log = extras.get("result_log")
+        observer = extras.get("observer")
         if soft is not None:
             if isinstance(soft, bool) or not isinstance(soft, (int, float)):
                 raise TypeError(
@@ -58,16 +60,27 @@ class _ScopeMixin:
             raise ValueError("thread_deadline(): on_soft and soft_raise need soft=<seconds>")
         if on_soft is not None and not callable(on_soft):
             raise TypeError("thread_deadline(): on_soft must be callable")
-        if not isinstance(soft_raise, bool):
-            raise TypeError("thread_deadline(): soft_raise must be a bool")
+        if not isinstance(soft_raise, bool) and not (
+            isinstance(soft_raise, type) and issubclass(soft_raise, Exception)
+        ):
+            raise TypeError(
+                "thread_deadline(): soft_raise must be a bool or an Exception subclass, "
+                f"not {soft_raise!r}"
+            )
         if result_log is not None and not hasattr(result_log, "write"):
             raise TypeError("thread_deadline(): result_log must be a ResultLog (or have .write)")
+        if observer is not None and not (
+            callable(getattr(observer, "on_enter", None))
+            and callable(getattr(observer, "on_exit", None))
+        ):
+            raise TypeError("thread_deadline(): observer needs on_enter(scope) and on_exit(scope)")
         scope._extras = dict(extras)
         scope._soft = None if soft is None else float(soft)
         scope._on_soft = on_soft
         scope._soft_raise = soft_raise
         scope._result_log = result_log
-        if soft is not None or result_log is not None:
+        scope._observer = observer
+        if soft is not None or result_log is not None or observer is not None:
             scope._hook = _hooks.dispatch
 
     def on_timeout(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -84,6 +97,25 @@ class _ScopeMixin:
             cleanups = scope._cleanups = []
         cleanups.append((fn, args))
         scope._hook = _hooks.dispatch
+
+    def cancel(self) -> None:
+        """Stop the block now, from any thread, as if its deadline had passed: it is
+        interrupted the same way (blocking calls included), and its exit raises
+        :class:`~timeoutcore.errors.DeadlineCancelled` (a ``DeadlineExceeded``); its
+        result's status is ``cancelled``. Cancelling a scope before it is entered makes it
+        stop at entry; after it has exited, cancel() does nothing."""
+        scope: Any = self
+        if scope.exited_at is not None or scope.expired():
+            return
+        scope._cancelled = True
+        try:
+            scope.reschedule(time.monotonic())
+        except RuntimeError:  # it exited meanwhile
+            pass
+
+    def cancelled(self) -> bool:
+        """True if :meth:`cancel` stopped this block (or was called before it ended)."""
+        return bool(getattr(self, "_cancelled", False))
 
     @property
     def result(self) -> Any:
@@ -155,11 +187,16 @@ class DeadlineScope(_ScopeMixin, core.Scope):  # type: ignore[misc]
 
     ``soft`` (seconds from entry, below the hard limit) logs a warning, calls
     ``on_soft(scope)`` once on a callback thread, and with ``soft_raise=True`` raises the
-    catchable ``SoftDeadlineExceeded`` inside the block; the hard limit still follows.
+    catchable ``SoftDeadlineExceeded`` inside the block (or, given an ``Exception``
+    subclass as ``soft_raise``, that exception); the hard limit still follows.
+
+    ``observer``: an object whose ``on_enter(scope)`` runs in the guarded thread before the
+    deadline is armed and ``on_exit(scope)`` after it is disarmed (shielded from the
+    deadline); what ``contrib.redis`` uses to publish a block's deadline.
 
     A scope is single-use. Used as a decorator it makes a fresh scope for every call.
     Methods: ``when()``, ``reschedule(when)``, ``expired()``, ``remaining()``,
-    ``elapsed()``, ``on_timeout(fn, *args)``; attributes ``label``, ``limit``,
+    ``elapsed()``, ``on_timeout(fn, *args)``, ``cancel()``, ``cancelled()``; attributes ``label``, ``limit``,
     ``soft_limit``, ``overshoot``, ``result`` (after exit), ``fired_at``, ``entered_at``,
     ``exited_at``, ``active``, ``thread_ident``, ``native_id``.
     """

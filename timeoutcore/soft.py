@@ -9,7 +9,8 @@ At a scope's soft limit, if the block is still running:
 
 * a WARNING is logged on logger ``timeoutcore`` (label, thread, elapsed, limits);
 * ``on_soft(scope)`` is called exactly once;
-* with ``soft_raise=True``, ``SoftDeadlineExceeded`` is raised inside the block (the core
+* with ``soft_raise=True``, ``SoftDeadlineExceeded`` (or the Exception subclass given as
+  ``soft_raise``) is raised inside the block (the core
   raises it atomically with respect to the block's exit, and takes back an undelivered one
   at exit, so it never lands after the block).
 """
@@ -81,12 +82,13 @@ class _SoftTimer:
             scope.limit,
         )
         if scope._soft_raise:
+            exc = SoftDeadlineExceeded if scope._soft_raise is True else scope._soft_raise
             if isinstance(scope, core.Scope):
-                core._raise_in_scope(scope, SoftDeadlineExceeded)
+                core._raise_in_scope(scope, exc)
             else:  # a scope of the other engine (tests run both side by side)
                 from . import _fallback
 
-                _fallback._raise_in_scope(scope, SoftDeadlineExceeded)
+                _fallback._raise_in_scope(scope, exc)
         callback: Optional[OnSoft] = scope._on_soft
         if callback is not None:
             self._callbacks().submit(_call_on_soft, callback, scope)
