@@ -1,0 +1,80 @@
+"""scope.cancel(): stop a block from another thread, told apart from an expired deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from conftest import LATE, spin_forever
+
+from timeoutcore.errors import DeadlineCancelled, DeadlineExceeded
+from timeoutcore.results import status_of
+
+
+def test_cancel_from_another_thread_stops_a_cpu_loop(api: Any, where: Any) -> None:
+    scope = api.thread_deadline(30, label="job")
+    timer = threading.Timer(0.1, scope.cancel)
+
+    def body() -> float:
+        timer.start()
+        with pytest.raises(DeadlineCancelled) as info:
+            with scope:
+                spin_forever()
+        assert isinstance(info.value, DeadlineExceeded)
+        assert "cancelled" in str(info.value) and info.value.label == "job"
+        return time.monotonic()
+
+    start = time.monotonic()
+    stopped = where(body)
+    timer.join()
+    assert 0.1 <= stopped - start < 0.1 + LATE
+    assert scope.cancelled() and scope.expired()
+    assert status_of(scope) == "cancelled"
+
+
+def test_cancel_wakes_timeoutcore_sleep(api: Any) -> None:
+    scope = api.thread_deadline(30)
+    threading.Timer(0.1, scope.cancel).start()
+    start = time.monotonic()
+    with pytest.raises(DeadlineCancelled):
+        with scope:
+            api.sleep(30)
+    assert time.monotonic() - start < 0.1 + LATE
+
+
+def test_cancel_before_entry_stops_at_entry(api: Any) -> None:
+    scope = api.thread_deadline(30)
+    scope.cancel()
+    ran = []
+    with pytest.raises(DeadlineCancelled):
+        with scope:
+            ran.append(1)
+            spin_forever()
+    assert status_of(scope) == "cancelled"
+
+
+def test_cancel_after_exit_or_expiry_changes_nothing(api: Any) -> None:
+    done = api.thread_deadline(30)
+    with done:
+        pass
+    done.cancel()
+    assert not done.cancelled() and status_of(done) == "completed"
+    expired = api.thread_deadline(0.02)
+    with pytest.raises(DeadlineExceeded) as info:
+        with expired:
+            spin_forever()
+    assert type(info.value) is DeadlineExceeded
+    expired.cancel()
+    assert not expired.cancelled() and status_of(expired) == "timed_out"
+
+
+def test_cancelling_an_outer_scope_stops_the_inner_block(api: Any) -> None:
+    outer = api.thread_deadline(30, label="outer")
+    threading.Timer(0.1, outer.cancel).start()
+    with pytest.raises(DeadlineCancelled) as info:
+        with outer:
+            with api.thread_deadline(20, label="inner"):
+                spin_forever()
+    assert info.value.label == "outer"

@@ -1,0 +1,425 @@
+"""A deadline registry in Redis: see, extend and cancel running jobs from another process.
+
+Worker side::
+
+    registry = DeadlineRegistry.from_url("redis://localhost:6379/0")
+    with registry.deadline("job-42", 30, label="ingest") as scope:
+        ...                                   # an ordinary thread_deadline(30) block
+
+Coordinator side (any process, any machine)::
+
+    registry.jobs()                 # [JobInfo(job='job-42', remaining=27.1, ...), ...]
+    registry.extend("job-42", 60)   # the job may run 60 s longer
+    registry.cancel("job-42")       # the job stops now: DeadlineCancelled, status 'cancelled'
+
+How it works. Entering the block publishes a hash ``<prefix>:job:<id>`` (deadline on the
+Redis server's clock, label, host, pid, thread) whose TTL is the time left plus ``margin``,
+so a worker that dies leaves nothing behind for long, and indexes it in the sorted set
+``<prefix>:jobs``; leaving the block deletes both. ``extend`` and ``cancel`` are Lua scripts
+that update the hash and PUBLISH on ``<prefix>:control``; each worker process keeps one
+subscriber thread on that channel, which reschedules (``scope.reschedule``) or cancels
+(``scope.cancel``) the local scope as soon as the message arrives: no polling. Deadlines
+travel as durations, so the clocks of worker and coordinator never need to agree.
+
+Redis being down never breaks a job: the local deadline is the one that stops it. The first
+failure is logged once (WARNING, logger ``timeoutcore.redis``), Redis is then left alone
+for ``retry_after`` seconds at a time, and its return is logged once (INFO).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from typing import Any, Optional
+
+import orjson
+import redis
+from pydantic import BaseModel, ConfigDict
+
+from ..scope import DeadlineScope, thread_deadline
+
+__all__ = ["DeadlineRegistry", "JobInfo", "JobNotFound"]
+
+log = logging.getLogger("timeoutcore.redis")
+
+_REGISTER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local deadline = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'job', ARGV[1], 'deadline', string.format('%.6f', deadline),
+           'started', string.format('%.6f', now), 'limit', ARGV[2], 'label', ARGV[4],
+           'host', ARGV[5], 'pid', ARGV[6], 'thread', ARGV[7], 'state', 'running',
+           'token', ARGV[8])
+redis.call('PEXPIRE', KEYS[1], math.ceil((tonumber(ARGV[2]) + tonumber(ARGV[3])) * 1000))
+redis.call('ZADD', KEYS[2], deadline, ARGV[1])
+return 1
+"""
+
+_UNREGISTER = """
+if redis.call('HGET', KEYS[1], 'token') == ARGV[2] then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+_EXTEND = """
+local token = redis.call('HGET', KEYS[1], 'token')
+if not token then return false end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline')) + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'deadline', string.format('%.6f', deadline))
+redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((deadline - now + tonumber(ARGV[3])) * 1000)))
+redis.call('ZADD', KEYS[2], deadline, ARGV[1])
+redis.call('PUBLISH', ARGV[4], cjson.encode({op='extend', job=ARGV[1], token=token,
+                                             seconds=tonumber(ARGV[2])}))
+return string.format('%.6f', deadline - now)
+"""
+
+_CANCEL = """
+local token = redis.call('HGET', KEYS[1], 'token')
+if not token then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'cancelling')
+redis.call('PUBLISH', ARGV[2], cjson.encode({op='cancel', job=ARGV[1], token=token}))
+return 1
+"""
+
+
+class JobNotFound(KeyError):
+    """No live job under this id (it finished, was never registered, or its key expired)."""
+
+
+class JobInfo(BaseModel):
+    """A live job as the registry sees it. Times are on the Redis server's clock (Unix
+    seconds); ``remaining`` is computed against that clock when the list was read."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job: str
+    label: Optional[str]
+    host: str
+    pid: int
+    thread: str
+    limit: float
+    started: float
+    deadline: float
+    remaining: float
+    state: str  # "running", or "cancelling" once cancel() was sent
+
+
+class _Health:
+    """Logs the first failure and the recovery once each; tells when to try Redis again."""
+
+    def __init__(self, retry_after: float) -> None:
+        self.retry_after = retry_after
+        self._lock = threading.Lock()
+        self._down_since: Optional[float] = None
+        self._retry_at = 0.0
+
+    def usable(self) -> bool:
+        return self._down_since is None or time.monotonic() >= self._retry_at
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self._retry_at = now + self.retry_after
+            if self._down_since is None:
+                self._down_since = now
+                log.warning("Redis deadline registry unavailable (%s: %s); jobs keep their "
+                            "local deadlines, no further failures are logged until it is back",
+                            what, exc)
+
+    def ok(self) -> None:
+        if self._down_since is None:
+            return
+        with self._lock:
+            if self._down_since is not None:
+                log.info("Redis deadline registry reachable again after %.1f s",
+                         time.monotonic() - self._down_since)
+                self._down_since = None
+
+
+class _Registration:
+    """The registry's observer of one scope (``observer=`` of thread_deadline)."""
+
+    __slots__ = ("registry", "job", "token", "published")
+
+    def __init__(self, registry: DeadlineRegistry, job: str) -> None:
+        self.registry = registry
+        self.job = job
+        self.token = uuid.uuid4().hex
+        self.published = False
+
+    def on_enter(self, scope: Any) -> None:
+        self.registry._enter(self, scope)
+
+    def on_exit(self, scope: Any) -> None:
+        self.registry._exit(self, scope)
+
+
+_registries: weakref.WeakSet[DeadlineRegistry] = weakref.WeakSet()
+
+
+class DeadlineRegistry:
+    """Publishes guarded blocks' deadlines in Redis under job ids; lists, extends and
+    cancels them from anywhere.
+
+    ``client``: a ``redis.Redis`` (decode_responses must be off, the default) or use
+    :meth:`from_url`. ``prefix`` namespaces the keys and the control channel; ``margin``
+    (seconds) is how long a job's key outlives its deadline if the worker never deletes it;
+    ``retry_after`` (seconds) is how long Redis is left alone after a failure.
+    """
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "timeoutcore",
+                 margin: float = 5.0, retry_after: float = 1.0) -> None:
+        if not isinstance(client, redis.Redis):
+            raise TypeError(f"DeadlineRegistry needs a redis.Redis client, not "
+                            f"{type(client).__name__}")
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError("DeadlineRegistry: prefix must be a non-empty string")
+        for name, value in (("margin", margin), ("retry_after", retry_after)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"DeadlineRegistry: {name} must be a number of seconds")
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"DeadlineRegistry: {name} must be a positive finite number "
+                                 f"of seconds, got {value!r}")
+        self.client = client
+        self.prefix = prefix
+        self.margin = float(margin)
+        self.channel = f"{prefix}:control"
+        self._index = f"{prefix}:jobs"
+        self._health = _Health(float(retry_after))
+        self._register = client.register_script(_REGISTER)
+        self._unregister = client.register_script(_UNREGISTER)
+        self._extend = client.register_script(_EXTEND)
+        self._cancel = client.register_script(_CANCEL)
+        self._lock = threading.Lock()
+        self._local: dict[str, tuple[str, Any]] = {}  # job -> (token, scope) in this process
+        self._listener: Optional[threading.Thread] = None
+        self._subscribed = threading.Event()
+        self._stop = threading.Event()
+        self._host = socket.gethostname()
+        _registries.add(self)
+
+    @classmethod
+    def from_url(cls, url: str, *, socket_timeout: float = 1.0, **kwargs: Any) -> DeadlineRegistry:
+        """A registry with its own client for ``url``; Redis calls give up after
+        ``socket_timeout`` seconds (connecting included), so a dead server costs a job at
+        most that, once per ``retry_after``."""
+        client = redis.Redis.from_url(url, socket_timeout=socket_timeout,
+                                      socket_connect_timeout=socket_timeout)
+        return cls(client, **kwargs)
+
+    # -- worker side -------------------------------------------------------------------
+
+    def deadline(self, job: str, seconds: Optional[float], **kwargs: Any) -> DeadlineScope:
+        """``thread_deadline(seconds, **kwargs)`` published under ``job`` while it runs
+        (the label defaults to the job id). Cancelled remotely, its block raises
+        ``DeadlineCancelled`` and its result's status is ``cancelled``."""
+        return thread_deadline(seconds, **self.scope_options(job, **kwargs))
+
+    def scope_options(self, job: str, **kwargs: Any) -> dict[str, Any]:
+        """The keyword arguments that make any thread_deadline(...) publish under ``job``."""
+        if not isinstance(job, str) or not job:
+            raise ValueError("DeadlineRegistry: the job id must be a non-empty string")
+        if "observer" in kwargs:
+            raise TypeError("DeadlineRegistry: observer= is the registry's own")
+        kwargs.setdefault("label", job)
+        return dict(kwargs, observer=_Registration(self, job))
+
+    def _enter(self, reg: _Registration, scope: Any) -> None:
+        with self._lock:
+            self._local[reg.job] = (reg.token, scope)
+        if not self._health.usable():
+            return
+        self._ensure_listener()
+        self._subscribed.wait(0.5)  # so an extend/cancel sent right after entry is heard
+        remaining = scope.remaining()
+        if remaining is None:  # no deadline: publish it as far away
+            remaining = 365 * 86400.0
+        thread = threading.current_thread()
+        try:
+            self._register(
+                keys=[self._key(reg.job), self._index],
+                args=[reg.job, f"{max(remaining, 0.0):.6f}", f"{self.margin:.6f}",
+                      scope.label or "", self._host, os.getpid(), thread.name, reg.token])
+        except (redis.RedisError, OSError) as exc:
+            self._health.failed("publishing a job", exc)
+            return
+        reg.published = True
+        self._health.ok()
+
+    def _exit(self, reg: _Registration, scope: Any) -> None:
+        with self._lock:
+            if self._local.get(reg.job, (None,))[0] == reg.token:
+                del self._local[reg.job]
+        if not reg.published or not self._health.usable():
+            return
+        try:
+            self._unregister(keys=[self._key(reg.job), self._index], args=[reg.job, reg.token])
+        except (redis.RedisError, OSError) as exc:
+            self._health.failed("removing a finished job", exc)  # its TTL removes it
+            return
+        self._health.ok()
+
+    def _ensure_listener(self) -> None:
+        if self._listener is not None and self._listener.is_alive():
+            return
+        with self._lock:
+            if self._listener is not None and self._listener.is_alive():
+                return
+            self._stop.clear()
+            self._listener = threading.Thread(target=self._listen, daemon=True,
+                                              name=f"timeoutcore-registry:{self.prefix}")
+            self._listener.start()
+
+    def _listen(self) -> None:
+        """The subscriber thread: applies extend/cancel to this process's scopes."""
+        backoff = 0.05
+        while not self._stop.is_set():
+            pubsub = self.client.pubsub()
+            try:
+                pubsub.subscribe(self.channel)
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=0.5)
+                    if message is None:
+                        continue
+                    if message["type"] == "subscribe":
+                        self._subscribed.set()
+                        backoff = 0.05
+                        self._health.ok()
+                    elif message["type"] == "message":
+                        self._apply(message["data"])
+            except (redis.RedisError, OSError, ValueError) as exc:
+                self._subscribed.clear()
+                if self._stop.is_set():
+                    break
+                self._health.failed("listening for extend/cancel", exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, self._health.retry_after)
+            finally:
+                try:
+                    pubsub.close()
+                except (redis.RedisError, OSError):  # pragma: no cover - closing a dead link
+                    pass
+        self._subscribed.clear()
+
+    def _apply(self, data: bytes) -> None:
+        try:
+            msg = orjson.loads(data)
+            job, token, op = msg["job"], msg["token"], msg["op"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            log.warning("ignoring a malformed control message: %r", data[:200])
+            return
+        with self._lock:
+            token_scope = self._local.get(job)
+        if token_scope is None or token_scope[0] != token:
+            return  # another process's job, or one that has ended
+        scope = token_scope[1]
+        try:
+            if op == "cancel":
+                scope.cancel()
+            elif op == "extend":
+                when = scope.when()
+                if when is not None and not scope.expired():
+                    scope.reschedule(when + float(msg["seconds"]))
+        except RuntimeError:
+            pass  # the block exited meanwhile
+
+    def close(self) -> None:
+        """Stop this process's subscriber thread (running blocks keep their local
+        deadlines). The registry starts it again if used afterwards."""
+        self._stop.set()
+        listener = self._listener
+        if listener is not None and listener is not threading.current_thread():
+            listener.join(5)
+        self._listener = None
+
+    def _after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+        self._local = {}
+        self._listener = None
+        self._subscribed = threading.Event()
+        self._stop = threading.Event()
+
+    # -- coordinator side --------------------------------------------------------------
+
+    def jobs(self) -> list[JobInfo]:
+        """The live jobs, earliest deadline first. Index entries whose key has expired
+        (a worker that died) are dropped on the way."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        pipe.zrange(self._index, 0, -1)
+        (sec, usec), ids = pipe.execute()
+        now = sec + usec / 1e6
+        if not ids:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for job in ids:
+            pipe.hgetall(self._key(job.decode()))
+        found: list[JobInfo] = []
+        stale: list[bytes] = []
+        for job, fields in zip(ids, pipe.execute()):
+            if not fields:
+                stale.append(job)
+                continue
+            found.append(self._info(fields, now))
+        if stale:
+            self.client.zrem(self._index, *stale)
+        return found
+
+    def get(self, job: str) -> Optional[JobInfo]:
+        """One live job, or None."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        pipe.hgetall(self._key(job))
+        (sec, usec), fields = pipe.execute()
+        return self._info(fields, sec + usec / 1e6) if fields else None
+
+    def extend(self, job: str, seconds: float) -> float:
+        """Give ``job`` ``seconds`` more; returns the seconds it now has left. Raises
+        :class:`JobNotFound` if it is not live."""
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+            raise TypeError(f"extend(): seconds must be a number, not {type(seconds).__name__}")
+        if not math.isfinite(seconds) or seconds <= 0:
+            raise ValueError(f"extend(): seconds must be a positive finite number, got {seconds!r}")
+        left = self._extend(keys=[self._key(job), self._index],
+                            args=[job, f"{float(seconds):.6f}", f"{self.margin:.6f}", self.channel])
+        if left is None:
+            raise JobNotFound(job)
+        return float(left)
+
+    def cancel(self, job: str) -> bool:
+        """Stop ``job`` wherever it runs: its block raises ``DeadlineCancelled`` and its
+        result's status is ``cancelled``. False if no such job is live."""
+        return bool(self._cancel(keys=[self._key(job)], args=[job, self.channel]))
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _key(self, job: str) -> str:
+        return f"{self.prefix}:job:{job}"
+
+    @staticmethod
+    def _info(fields: dict[bytes, bytes], now: float) -> JobInfo:
+        f = {k.decode(): v.decode() for k, v in fields.items()}
+        deadline = float(f["deadline"])
+        return JobInfo(job=f["job"], label=f.get("label") or None, host=f["host"],
+                       pid=int(f["pid"]), thread=f["thread"], limit=float(f["limit"]),
+                       started=float(f["started"]), deadline=deadline,
+                       remaining=deadline - now, state=f.get("state", "running"))
+
+
+def _after_fork_in_child() -> None:
+    for registry in list(_registries):
+        registry._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
