@@ -120,7 +120,7 @@ def lint(session: nox.Session) -> None:
 def types(session: nox.Session) -> None:
     """mypy --strict (config: [tool.mypy] in pyproject.toml) over the timeoutcore package."""
     # The package itself brings cffi (imported by _ffi_build.py); types-cffi gives it types.
-    _install_project(session, ".", MYPY, TYPES_CFFI)
+    _install_project(session, ".[celery,redis]", MYPY, TYPES_CFFI)
     session.run("mypy", "timeoutcore", *session.posargs)
 
 

@@ -9,8 +9,9 @@ Two kinds of rows are understood:
 
 - per-operation cost (group ``overhead``): ``per_op_ns`` (median round / ops per round),
   ``per_op_ns_min``; the table adds the ratio to the row marked ``baseline``;
-- latency distributions (group ``overshoot``): ``p50_ms``, ``p90_ms``, ``p99_ms``, ``max_ms``,
-  ``trials``, or a ``note`` when the case cannot be measured (``n/a: ...``).
+- latency distributions (groups ``overshoot``, ``cancel``): ``p50_ms``, ``p90_ms``,
+  ``p99_ms``, ``max_ms``, ``trials``, or a ``note`` when the case cannot be measured
+  (``n/a: ...``); rows of other groups (pool throughput, Celery) print their ``note``.
 """
 
 from __future__ import annotations
@@ -95,6 +96,14 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
             r["x_baseline"] = round(r["per_op_ns"] / base, 2)
 
 
+_TITLES = {
+    "overshoot": "overshoot past a 50 ms deadline",
+    "cancel": "DeadlineRegistry.cancel() to the job stopping",
+    "throughput": "pools",
+    "celery": "Celery integration",
+}
+
+
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     lines: list[str] = []
     cost = [r for r in rows if "per_op_ns" in r]
@@ -109,15 +118,17 @@ def _table(rows: list[dict[str, Any]]) -> list[str]:
                 f"{r['case']:<{w}}  {_fmt(r['per_op_ns'], 1):>10}  "
                 f"{_fmt(r.get('per_op_ns_min'), 1):>10}  {_fmt(r.get('x_baseline'), 2):>10}"
             )
-    if lat:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in lat:
+        groups.setdefault(r["group"], []).append(r)
+    for group, members in groups.items():
         if lines:
             lines.append("")
-        w = max(len(r["case"]) for r in lat)
-        head = (
-            f"{'overshoot past a 50 ms deadline':<{w}}  {'p50 ms':>8}  {'p90 ms':>8}  {'p99 ms':>8}"
-        )
+        title = _TITLES.get(group, group)
+        w = max(len(title), *(len(r["case"]) for r in members))
+        head = f"{title:<{w}}  {'p50 ms':>8}  {'p90 ms':>8}  {'p99 ms':>8}"
         lines.append(f"{head}  {'max ms':>8}  {'n':>3}")
-        for r in lat:
+        for r in members:
             if "p50_ms" not in r:
                 lines.append(f"{r['case']:<{w}}  {r.get('note', '-')}")
                 continue
@@ -185,3 +196,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _summary_path().write_bytes(
             orjson.dumps(payload, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n"
         )
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: Any) -> Iterator[str]:
+    """TIMEOUTCORE_TEST_REDIS_URL, else a redis-server started for this session (the tests'
+    helper); the Celery and registry benchmarks are skipped where neither exists."""
+    url = os.environ.get("TIMEOUTCORE_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    try:
+        from redis_server import RedisServer
+    finally:
+        sys.path.pop(0)
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    except FileNotFoundError:
+        pytest.skip("no Redis: install redis-server or set TIMEOUTCORE_TEST_REDIS_URL")
+    try:
+        yield server.url
+    finally:
+        server.stop()

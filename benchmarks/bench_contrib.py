@@ -1,0 +1,191 @@
+"""The integrations: what install(app) costs a Celery threads-pool worker per task, and how
+long a job takes to stop after a coordinator's ``DeadlineRegistry.cancel()``.
+
+Both need a Redis (``redis_url`` fixture: TIMEOUTCORE_TEST_REDIS_URL or a redis-server
+started for the session).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import record_per_op
+from pytest_benchmark.fixture import BenchmarkFixture
+
+import timeoutcore
+
+celery = pytest.importorskip("celery")
+pytest.importorskip("redis")
+
+from celery import Celery  # noqa: E402
+from celery.contrib.testing.worker import start_worker  # noqa: E402
+
+from timeoutcore.contrib.celery import install  # noqa: E402
+from timeoutcore.contrib.redis import DeadlineRegistry  # noqa: E402
+
+TASKS = 200
+WORKERS = 4
+CANCEL_TRIALS = 60
+
+
+def _app(url: str, installed: bool) -> Celery:
+    app = Celery(f"bench-{uuid.uuid4().hex[:8]}", broker=url, backend=url, set_as_current=False)
+    app.conf.update(task_default_queue=f"timeoutcore-bench-{uuid.uuid4().hex}",
+                    broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
+                    result_expires=300, worker_prefetch_multiplier=4)
+
+    @app.task(name="b.one_ms", time_limit=10, soft_time_limit=5)
+    def one_ms() -> int:
+        end = time.perf_counter() + 0.001
+        n = 0
+        while time.perf_counter() < end:
+            n += 1
+        return n
+
+    if installed:
+        install(app)
+    return app
+
+
+def _batch(app: Celery) -> float:
+    """Seconds per task for TASKS tasks sent at once and all results collected."""
+    task = app.tasks["b.one_ms"]
+    t0 = time.perf_counter()
+    results = [task.delay() for _ in range(TASKS)]
+    for r in results:
+        r.get(timeout=60)
+    return (time.perf_counter() - t0) / TASKS
+
+
+@pytest.fixture(scope="module")
+def workers(redis_url: str) -> Iterator[tuple[Celery, Celery]]:
+    plain, guarded = _app(redis_url, False), _app(redis_url, True)
+    opts: dict[str, Any] = dict(pool="threads", concurrency=WORKERS, perform_ping_check=False,
+                                loglevel="ERROR", shutdown_timeout=10)
+    with start_worker(plain, **opts), start_worker(guarded, **opts):
+        yield plain, guarded
+
+
+@pytest.mark.benchmark(group="celery")
+def test_celery_threads_pool_cost_per_task(benchmark: BenchmarkFixture,
+                                           workers: tuple[Celery, Celery]) -> None:
+    plain_app, guarded_app = workers
+    plain: list[float] = []
+    guarded: list[float] = []
+
+    def both() -> None:  # interleaved, so drift hits both alike
+        plain.append(_batch(plain_app))
+        guarded.append(_batch(guarded_app))
+
+    benchmark.pedantic(both, rounds=7, warmup_rounds=1)  # type: ignore[no-untyped-call]
+    p, g = statistics.median(plain), statistics.median(guarded)
+    benchmark.extra_info.update(
+        case=f"Celery threads pool, {TASKS} x 1 ms tasks, {WORKERS} threads",
+        plain_us_per_task=round(p * 1e6, 1),
+        installed_us_per_task=round(g * 1e6, 1),
+        cost_us_per_task=round((g - p) * 1e6, 1),
+        ratio=round(g / p, 3),
+        note=(f"per task: without install {p * 1e6:.0f} us, with install(app) "
+              f"{g * 1e6:.0f} us ({g / p:.3f}x)"),
+    )
+
+
+GUARD_OPS = 2000
+
+
+def _guard_paths() -> tuple[Any, Any]:
+    """The task body as Celery's tracer calls it: plainly, and through install()'s guard
+    with the limits the pool hands over (hard 10 s, soft 5 s)."""
+    from timeoutcore.contrib import celery as tc_celery
+
+    app = Celery(f"bench-{uuid.uuid4().hex[:8]}", set_as_current=False)
+
+    @app.task(name="b.noop")
+    def noop() -> None:
+        return None
+
+    plain_run = noop.run
+    tc_celery._guard_task(noop)
+    guarded_run = noop.run
+    limits = tc_celery._Limits(10.0, 5.0, lambda soft, seconds: None)
+
+    def plain(n: int) -> None:
+        for _ in range(n):
+            plain_run()
+
+    def guarded(n: int) -> None:
+        for _ in range(n):
+            tc_celery._with_limits(guarded_run, limits)
+
+    return plain, guarded
+
+
+@pytest.mark.benchmark(group="overhead")
+@pytest.mark.parametrize("variant", ["plain", "guarded"])
+def test_celery_guard_cost_in_the_pool_thread(benchmark: BenchmarkFixture, variant: str) -> None:
+    plain, guarded = _guard_paths()
+    fn = plain if variant == "plain" else guarded
+    benchmark.pedantic(fn, args=(GUARD_OPS,), rounds=20, warmup_rounds=2)  # type: ignore[no-untyped-call]
+    what = "plain" if variant == "plain" else "through install()'s guard, soft+hard limits"
+    record_per_op(benchmark, f"Celery task body (no-op), {what}", GUARD_OPS)
+
+
+def _percentiles(seconds: list[float]) -> dict[str, float]:
+    ms = sorted(s * 1e3 for s in seconds)
+    q = statistics.quantiles(ms, n=100, method="inclusive")
+    return {"p50_ms": round(q[49], 3), "p90_ms": round(q[89], 3), "p99_ms": round(q[98], 3),
+            "max_ms": round(ms[-1], 3)}
+
+
+def _cancel_trial(worker_side: DeadlineRegistry, coordinator: DeadlineRegistry, kind: str,
+                  job: str) -> float:
+    box: dict[str, float] = {}
+    entered = threading.Event()
+
+    def run() -> None:
+        scope = worker_side.deadline(job, 30)
+        try:
+            with scope:
+                entered.set()
+                if kind == "sleep":
+                    timeoutcore.sleep(30)
+                else:
+                    for _ in range(10**15):
+                        pass
+        except timeoutcore.DeadlineExceeded:
+            box["stopped"] = time.perf_counter()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    entered.wait(10)
+    time.sleep(0.005)
+    sent = time.perf_counter()
+    coordinator.cancel(job)
+    thread.join(10)
+    return box["stopped"] - sent
+
+
+@pytest.mark.benchmark(group="cancel")
+@pytest.mark.parametrize("kind", ["cpu loop", "sleep"])
+def test_cancel_to_stop_latency(benchmark: BenchmarkFixture, redis_url: str, kind: str) -> None:
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    worker_side = DeadlineRegistry.from_url(redis_url, prefix=prefix)
+    coordinator = DeadlineRegistry.from_url(redis_url, prefix=prefix)
+    samples: list[float] = []
+
+    def trials() -> None:
+        for i in range(CANCEL_TRIALS):
+            samples.append(_cancel_trial(worker_side, coordinator, kind, f"job-{i}"))
+
+    try:
+        benchmark.pedantic(trials, rounds=1, warmup_rounds=0)  # type: ignore[no-untyped-call]
+    finally:
+        worker_side.close()
+    benchmark.extra_info.update(case=f"cancel() -> job stopped ({kind})", trials=len(samples),
+                                **_percentiles(samples))
