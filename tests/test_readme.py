@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -30,3 +31,59 @@ def test_feature_example_runs(tmp_path: Path) -> None:
     assert "deadline 'report' exceeded" in out and "tidying up" in out
     assert "timed_out" in out and "DeadlineExceeded None" in out and "[1, 2]" in out
     assert (tmp_path / "runs.jsonl").read_text().count("\n") == 1
+
+
+def _blocks(section_title: str) -> list[str]:
+    if not README.exists():
+        pytest.skip("README.md is not beside tests/ (not a source checkout)")
+    section = README.read_text(encoding="utf-8").split(f"## {section_title}\n")[1]
+    section = section.split("\n## ", 1)[0]
+    return [b.split("```", 1)[0] for b in section.split("```python")[1:]]
+
+
+def test_celery_example_runs_with_a_threads_pool_worker(tmp_path: Path, redis_url: str) -> None:
+    pytest.importorskip("celery")
+    tasks, client = _blocks("Celery")
+    (tmp_path / "tasks.py").write_text(tasks, encoding="utf-8")
+    (tmp_path / "client.py").write_text(client, encoding="utf-8")
+    # The example's app uses the default queue; one of its own keeps runs sharing a Redis
+    # apart (worker: -Q, client: task_default_queue).
+    queue = f"readme-{os.getpid()}-{time.monotonic_ns()}"
+    env = dict(os.environ, REDIS_URL=redis_url,
+               PYTHONPATH=os.pathsep.join(p for p in (str(tmp_path),
+                                                      os.environ.get("PYTHONPATH")) if p))
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "threads",
+         "--concurrency", "4", "-Q", queue, "-l", "WARNING", "--without-gossip",
+         "--without-mingle", "--without-heartbeat"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import tasks; tasks.app.conf.task_default_queue = {queue!r}; "
+             "exec(open('client.py').read())"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        )
+    finally:
+        worker.terminate()
+        log, _ = worker.communicate(timeout=30)
+    assert proc.returncode == 0, proc.stderr + log.decode(errors="replace")
+    assert proc.stdout.splitlines() == [
+        "done partial", "stuck: TimeLimitExceeded(0.5)", "partial"], proc.stdout
+
+
+def test_redis_registry_example_runs(tmp_path: Path, redis_url: str) -> None:
+    pytest.importorskip("redis")
+    (code,) = _blocks("Redis registry")
+    script = tmp_path / "registry_example.py"
+    script.write_text(code, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
+        timeout=60, env=dict(os.environ, REDIS_URL=redis_url),
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "[('a', 'completed'), ('b', 'cancelled')]", proc.stdout
+    assert any(line.startswith("DeadlineCancelled block 'resize b' cancelled") for line in lines)
+    listed = [line for line in lines if line.startswith(("a resize a", "b resize b"))]
+    assert len(listed) == 2, proc.stdout

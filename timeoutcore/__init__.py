@@ -9,7 +9,7 @@ from __future__ import annotations
 from . import metrics
 from ._engine import ENGINE
 from .blocking import acquire, bounded_wait, socket_timeout, wait_readable, wait_writable
-from .errors import DeadlineExceeded, SoftDeadlineExceeded
+from .errors import DeadlineCancelled, DeadlineExceeded, SoftDeadlineExceeded
 from .executor import DeadlineExecutor
 from .metrics import Metrics
 from .patch import is_patched, patch, patched_targets, unpatch
@@ -39,6 +39,7 @@ def set_default_result_log(result_log: "ResultLog | None") -> None:
 
 __all__ = [
     "ENGINE",
+    "DeadlineCancelled",
     "DeadlineExceeded",
     "DeadlineExecutor",
     "DeadlinePolicy",

@@ -80,7 +80,7 @@ def _rebuild_exceeded(
     limit: Optional[float],
     elapsed: float,
     overshoot: Optional[float],
-    cls: type = DeadlineExceeded,
+    cls: type[DeadlineExceeded] = DeadlineExceeded,
 ) -> DeadlineExceeded:
     exc: DeadlineExceeded = cls.__new__(cls)
     exc.args = (message,)

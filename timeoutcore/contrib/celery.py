@@ -150,7 +150,7 @@ def _run_limited(task: Any, run: Callable[..., Any], limits: _Limits,
 def _soft_passed(limits: _Limits, scope: Any) -> None:
     """on_soft: Celery's own soft-timeout handler (it logs the warning)."""
     callback = limits.timeout_callback
-    if callback is not None:
+    if callback is not None and limits.soft is not None:
         callback(True, limits.soft)
 
 
@@ -195,7 +195,7 @@ def install(app: Any, *, patch: bool = False) -> None:
     waits that CPython retries after a signal stop at the limit too. Idempotent.
     """
     steps = app.steps["worker"]
-    step = TimeLimitStep
+    step: type[TimeLimitStep] = TimeLimitStep
     if patch:
         step = type("TimeLimitStep", (TimeLimitStep,), {"patch_blocking": True,
                                                           "name": TimeLimitStep.name})

@@ -285,7 +285,7 @@ class DeadlineRegistry:
         """The subscriber thread: applies extend/cancel to this process's scopes."""
         backoff = 0.05
         while not self._stop.is_set():
-            pubsub = self.client.pubsub()
+            pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]
             try:
                 pubsub.subscribe(self.channel)
                 while not self._stop.is_set():
