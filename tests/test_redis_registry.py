@@ -225,6 +225,8 @@ def test_bad_input_is_refused_and_leaves_nothing_armed(redis_url: str) -> None:
         reg.extend("x", "1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="soft"):
         reg.deadline("x", 1.0, soft=2.0)
+    with pytest.raises(ValueError, match="needs a deadline"):
+        reg.deadline("x", None)  # type: ignore[arg-type]
     assert timeoutcore.current_scope() is None
     assert reg._listener is None  # nothing started for refused input
 

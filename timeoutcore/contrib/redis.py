@@ -220,10 +220,14 @@ class DeadlineRegistry:
 
     # -- worker side -------------------------------------------------------------------
 
-    def deadline(self, job: str, seconds: Optional[float], **kwargs: Any) -> DeadlineScope:
+    def deadline(self, job: str, seconds: float, **kwargs: Any) -> DeadlineScope:
         """``thread_deadline(seconds, **kwargs)`` published under ``job`` while it runs
         (the label defaults to the job id). Cancelled remotely, its block raises
-        ``DeadlineCancelled`` and its result's status is ``cancelled``."""
+        ``DeadlineCancelled`` and its result's status is ``cancelled``. ``seconds`` may not
+        be None: the deadline is what bounds the life of the job's key."""
+        if seconds is None:
+            raise ValueError("DeadlineRegistry.deadline(): a registered job needs a deadline "
+                             "(seconds), which also bounds its key's TTL")
         return thread_deadline(seconds, **self.scope_options(job, **kwargs))
 
     def scope_options(self, job: str, **kwargs: Any) -> dict[str, Any]:
@@ -243,8 +247,9 @@ class DeadlineRegistry:
         self._ensure_listener()
         self._subscribed.wait(0.5)  # so an extend/cancel sent right after entry is heard
         remaining = scope.remaining()
-        if remaining is None:  # no deadline: publish it as far away
-            remaining = 365 * 86400.0
+        if remaining is None:  # scope_options() on a scope without a deadline
+            log.warning("job %r has no deadline: not published", reg.job)
+            return
         thread = threading.current_thread()
         try:
             self._register(
