@@ -200,22 +200,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: Any) -> Iterator[str]:
-    """TIMEOUTCORE_TEST_REDIS_URL, else a redis-server started for this session (the tests'
-    helper); the Celery and registry benchmarks are skipped where neither exists."""
-    url = os.environ.get("TIMEOUTCORE_TEST_REDIS_URL")
-    if url:
-        yield url
-        return
+    """The tests' Redis: TIMEOUTCORE_TEST_REDIS_URL, else a redis-server started for this
+    session; the Celery and registry benchmarks are skipped where neither exists."""
     sys.path.insert(0, str(HERE.parent / "tests"))
     try:
-        from redis_server import RedisServer
+        from redis_server import session_redis
     finally:
         sys.path.pop(0)
-    try:
-        server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    except FileNotFoundError:
-        pytest.skip("no Redis: install redis-server or set TIMEOUTCORE_TEST_REDIS_URL")
-    try:
-        yield server.url
-    finally:
-        server.stop()
+    with session_redis(lambda: tmp_path_factory.mktemp("redis")) as url:
+        yield url

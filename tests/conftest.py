@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import types
@@ -133,23 +132,7 @@ def no_leftover() -> Iterator[None]:
 def redis_url(tmp_path_factory: Any) -> Iterator[str]:
     """A live Redis: TIMEOUTCORE_TEST_REDIS_URL (set by .ci/run; it must answer), else a
     ``redis-server`` started for this session; skipped only where neither exists."""
-    from urllib.parse import urlparse
+    from redis_server import session_redis
 
-    from redis_server import RedisServer, ping
-
-    url = os.environ.get("TIMEOUTCORE_TEST_REDIS_URL")
-    if url:
-        parsed = urlparse(url)
-        host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
-        if not ping(host, port, timeout=2.0):
-            pytest.fail(f"TIMEOUTCORE_TEST_REDIS_URL={url} does not answer PING")
+    with session_redis(lambda: tmp_path_factory.mktemp("redis")) as url:
         yield url
-        return
-    try:
-        server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    except FileNotFoundError:
-        pytest.skip("no Redis: install redis-server or set TIMEOUTCORE_TEST_REDIS_URL")
-    try:
-        yield server.url
-    finally:
-        server.stop()

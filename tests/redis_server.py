@@ -7,14 +7,21 @@ must stop Redis mid-job always gets a private one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
+from urllib.parse import urlparse
+
+import pytest
+
+ENV = "TIMEOUTCORE_TEST_REDIS_URL"
 
 
 def free_port() -> int:
@@ -85,3 +92,25 @@ class RedisServer:
                     break
             time.sleep(0.02)
         self.pidfile.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def session_redis(new_folder: Callable[[], Path]) -> Iterator[str]:
+    """The URL of a live Redis for a test session: $TIMEOUTCORE_TEST_REDIS_URL (it must
+    answer), else a ``redis-server`` started in ``new_folder()`` and stopped afterwards;
+    skips only where neither exists."""
+    url = os.environ.get(ENV)
+    if url:
+        parsed = urlparse(url)
+        if not ping(parsed.hostname or "127.0.0.1", parsed.port or 6379, timeout=2.0):
+            pytest.fail(f"{ENV}={url} does not answer PING")
+        yield url
+        return
+    try:
+        server = RedisServer(new_folder()).start()
+    except FileNotFoundError:
+        pytest.skip(f"no Redis: install redis-server or set {ENV}")
+    try:
+        yield server.url
+    finally:
+        server.stop()
