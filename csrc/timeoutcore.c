@@ -1309,9 +1309,14 @@ static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
     in_flight = exc_type != Py_None && PyType_Check(exc_type) &&
                 PyObject_IsSubclass(exc_type, g_interrupt) == 1;
     if (sc->hook != NULL && run_exit_hook(s, self, nargs > 1 ? args[1] : Py_None)) {
-        /* an enclosing scope fired while the hook ran: deliver it now */
+        /* an enclosing deadline passed while the hook ran (shielded): deliver it
+         * now, and make it fire first if the watchdog held off, so that the
+         * enclosing scope claims its interrupt at its own exit */
         Py_DECREF(self);
-        raise_here(s);
+        if (s->fired == NULL)
+            fire(s, now_ns(), 1);
+        else
+            raise_here(s);
         return NULL;
     }
     if (!claimed && s->top != NULL && stack_due(s->top, now) != NULL && s->fired == NULL &&

@@ -130,6 +130,77 @@ def test_cancel_stops_the_job_at_once(redis_url: str, registry: DeadlineRegistry
     assert registry.get(f"cancel-{kind}") is None
 
 
+def test_cancel_wins_over_a_later_extend(registry: DeadlineRegistry) -> None:
+    coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
+    box: dict[str, Any] = {}
+
+    def job() -> None:
+        scope = registry.deadline("cancel-extend", 5.0)
+        box["scope"] = scope
+        try:
+            with scope:
+                timeoutcore.sleep(30)
+        except timeoutcore.DeadlineExceeded as exc:
+            box["exc"] = exc
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    wait_for_job(coordinator, "cancel-extend")
+    assert coordinator.cancel("cancel-extend")
+    with pytest.raises(JobNotFound, match="being cancelled"):
+        coordinator.extend("cancel-extend", 5)
+    thread.join(10)
+    assert type(box["exc"]).__name__ == "DeadlineCancelled"
+    assert box["scope"].result.status == "cancelled"
+    coordinator.close()
+
+
+def test_decorator_form_gives_every_call_its_own_entry(registry: DeadlineRegistry) -> None:
+    """One observer, a scope per call: each call is published under a token of its own, so a
+    cancel aimed at one call can never stop a later one."""
+    key = f"{registry.prefix}:job:per-call"
+    tokens: list[bytes] = []
+
+    @registry.deadline("per-call", 5.0)
+    def call() -> None:
+        tokens.append(registry.client.hget(key, "token"))
+
+    call()
+    assert registry.get("per-call") is None
+    call()
+    assert registry.get("per-call") is None
+    assert len(tokens) == 2 and None not in tokens and tokens[0] != tokens[1]
+
+
+def test_malformed_control_messages_do_not_stop_the_listener(registry: DeadlineRegistry) -> None:
+    coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
+    box: dict[str, Any] = {}
+
+    def job() -> None:
+        scope = registry.deadline("after-garbage", 5.0)
+        try:
+            with scope:
+                timeoutcore.sleep(30)
+        except timeoutcore.DeadlineExceeded as exc:
+            box["exc"] = exc
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    wait_for_job(coordinator, "after-garbage")
+    for junk in (b"not json", b'{"op":"cancel","job":[1],"token":"x"}',
+                 b'{"op":"extend","job":"after-garbage","token":"x","seconds":null}', b"[]"):
+        registry.client.publish(registry.channel, junk)
+    assert coordinator.cancel("after-garbage")
+    thread.join(10)
+    assert type(box["exc"]).__name__ == "DeadlineCancelled"
+    coordinator.close()
+
+
+def test_a_client_without_socket_timeout_is_refused(redis_url: str) -> None:
+    with pytest.raises(ValueError, match="socket_timeout"):
+        DeadlineRegistry(redis.Redis.from_url(redis_url))
+
+
 def test_extend_and_cancel_of_unknown_jobs(registry: DeadlineRegistry) -> None:
     assert registry.cancel("no-such-job") is False
     with pytest.raises(JobNotFound):
@@ -209,7 +280,7 @@ def _url(registry: DeadlineRegistry) -> str:
 
 
 def test_bad_input_is_refused_and_leaves_nothing_armed(redis_url: str) -> None:
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(redis_url, socket_timeout=1.0)
     with pytest.raises(TypeError, match="redis.Redis"):
         DeadlineRegistry("redis://nowhere")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="margin"):

@@ -450,3 +450,25 @@ def test_users_switch_interval_is_left_as_it_was() -> None:
         assert sys.getswitchinterval() == pytest.approx(0.002)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_enclosing_deadline_passing_in_an_inner_exit_hook_is_claimed_by_its_scope(
+    api: Any,
+) -> None:
+    """An inner scope's exit hook runs shielded; an outer deadline passing meanwhile must
+    come out as the outer scope's DeadlineExceeded, never as the raw internal interrupt."""
+
+    class SlowExit:
+        def on_enter(self, scope: Any) -> None:
+            pass
+
+        def on_exit(self, scope: Any) -> None:
+            burn(0.3)
+
+    outer = api.thread_deadline(0.15, label="outer")
+    with pytest.raises(DeadlineExceeded) as info:
+        with outer:
+            with api.thread_deadline(5, label="inner", observer=SlowExit()):
+                pass
+            spin_forever()
+    assert info.value.label == "outer" and outer.expired()

@@ -290,6 +290,7 @@ class Scope:
                     logging.getLogger("timeoutcore").exception("scope hook %r failed", self._hook)
                 finally:
                     st.shield -= 1
+                now = time.monotonic()  # an enclosing deadline may have passed in the hook
             outer_due = st.fired is None and not st.shield and st.due(now) is not None
             if outer_due:
                 self._st = None

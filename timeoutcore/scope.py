@@ -114,8 +114,9 @@ class _ScopeMixin:
             pass
 
     def cancelled(self) -> bool:
-        """True if :meth:`cancel` stopped this block (or was called before it ended)."""
-        return bool(getattr(self, "_cancelled", False))
+        """True if :meth:`cancel` stopped this block (it was interrupted after a cancel)."""
+        scope: Any = self
+        return bool(getattr(self, "_cancelled", False)) and bool(scope.expired())
 
     @property
     def result(self) -> Any:

@@ -42,7 +42,7 @@ import orjson
 import redis
 from pydantic import BaseModel, ConfigDict
 
-from ..scope import DeadlineScope, thread_deadline
+from ..scope import DeadlineScope, shield, thread_deadline
 
 __all__ = ["DeadlineRegistry", "JobInfo", "JobNotFound"]
 
@@ -73,6 +73,7 @@ return 0
 _EXTEND = """
 local token = redis.call('HGET', KEYS[1], 'token')
 if not token then return false end
+if redis.call('HGET', KEYS[1], 'state') == 'cancelling' then return 'cancelling' end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline')) + tonumber(ARGV[2])
@@ -147,22 +148,33 @@ class _Health:
                 self._down_since = None
 
 
-class _Registration:
-    """The registry's observer of one scope (``observer=`` of thread_deadline)."""
+class _Entry:
+    """One entry of a scope into its block under a job id."""
 
-    __slots__ = ("registry", "job", "token", "published")
+    __slots__ = ("job", "token", "scope", "published")
+
+    def __init__(self, job: str, scope: Any) -> None:
+        self.job = job
+        self.token = uuid.uuid4().hex  # tells this entry from any other under the same id
+        self.scope = scope
+        self.published = False
+
+
+class _Registration:
+    """The registry's observer (``observer=`` of thread_deadline) for one job id; the same
+    observer may serve many entries (the decorator form makes a scope per call)."""
+
+    __slots__ = ("registry", "job")
 
     def __init__(self, registry: DeadlineRegistry, job: str) -> None:
         self.registry = registry
         self.job = job
-        self.token = uuid.uuid4().hex
-        self.published = False
 
     def on_enter(self, scope: Any) -> None:
-        self.registry._enter(self, scope)
+        self.registry._enter(self.job, scope)
 
     def on_exit(self, scope: Any) -> None:
-        self.registry._exit(self, scope)
+        self.registry._exit(scope)
 
 
 _registries: weakref.WeakSet[DeadlineRegistry] = weakref.WeakSet()
@@ -183,6 +195,12 @@ class DeadlineRegistry:
         if not isinstance(client, redis.Redis):
             raise TypeError(f"DeadlineRegistry needs a redis.Redis client, not "
                             f"{type(client).__name__}")
+        kwargs = client.connection_pool.connection_kwargs
+        if not kwargs.get("socket_timeout"):
+            raise ValueError(
+                "DeadlineRegistry: the client needs socket_timeout=<seconds> (for instance "
+                "redis.Redis(..., socket_timeout=1.0)), or a hung Redis could hold a job "
+                "past its deadline; from_url() sets one")
         if not isinstance(prefix, str) or not prefix:
             raise ValueError("DeadlineRegistry: prefix must be a non-empty string")
         for name, value in (("margin", margin), ("retry_after", retry_after)):
@@ -202,7 +220,8 @@ class DeadlineRegistry:
         self._extend = client.register_script(_EXTEND)
         self._cancel = client.register_script(_CANCEL)
         self._lock = threading.Lock()
-        self._local: dict[str, tuple[str, Any]] = {}  # job -> (token, scope) in this process
+        self._local: dict[str, _Entry] = {}  # job id -> its running entry in this process
+        self._entries: dict[int, _Entry] = {}  # id(scope) -> entry, while the scope runs
         self._listener: Optional[threading.Thread] = None
         self._subscribed = threading.Event()
         self._stop = threading.Event()
@@ -239,39 +258,55 @@ class DeadlineRegistry:
         kwargs.setdefault("label", job)
         return dict(kwargs, observer=_Registration(self, job))
 
-    def _enter(self, reg: _Registration, scope: Any) -> None:
+    def _enter(self, job: str, scope: Any) -> None:
+        entry = _Entry(job, scope)
         with self._lock:
-            self._local[reg.job] = (reg.token, scope)
+            self._local[job] = entry
+            self._entries[id(scope)] = entry
+        try:
+            with shield():  # an enclosing deadline waits until the job is published...
+                self._publish(entry)
+        except BaseException:
+            with shield():  # ...and then the scope is not entered: take it back
+                self._withdraw(scope)
+            raise
+
+    def _publish(self, entry: _Entry) -> None:
         if not self._health.usable():
             return
         self._ensure_listener()
         self._subscribed.wait(0.5)  # so an extend/cancel sent right after entry is heard
-        remaining = scope.remaining()
+        remaining = entry.scope.remaining()
         if remaining is None:  # scope_options() on a scope without a deadline
-            log.warning("job %r has no deadline: not published", reg.job)
+            log.warning("job %r has no deadline: not published", entry.job)
             return
-        thread = threading.current_thread()
         try:
             self._register(
-                keys=[self._key(reg.job), self._index],
-                args=[reg.job, f"{max(remaining, 0.0):.6f}", f"{self.margin:.6f}",
-                      scope.label or "", self._host, os.getpid(), thread.name, reg.token])
+                keys=[self._key(entry.job), self._index],
+                args=[entry.job, f"{max(remaining, 0.0):.6f}", f"{self.margin:.6f}",
+                      entry.scope.label or "", self._host, os.getpid(),
+                      threading.current_thread().name, entry.token])
         except (redis.RedisError, OSError) as exc:
             self._health.failed("publishing a job", exc)
             return
-        reg.published = True
+        entry.published = True
         self._health.ok()
 
-    def _exit(self, reg: _Registration, scope: Any) -> None:
+    def _exit(self, scope: Any) -> None:
+        self._withdraw(scope)
+
+    def _withdraw(self, scope: Any) -> None:
         with self._lock:
-            if self._local.get(reg.job, (None,))[0] == reg.token:
-                del self._local[reg.job]
-        if not reg.published or not self._health.usable():
-            return
+            entry = self._entries.pop(id(scope), None)
+            if entry is not None and self._local.get(entry.job) is entry:
+                del self._local[entry.job]
+        if entry is None or not entry.published or not self._health.usable():
+            return  # not in Redis, or Redis is down: the key's TTL removes it
         try:
-            self._unregister(keys=[self._key(reg.job), self._index], args=[reg.job, reg.token])
+            self._unregister(keys=[self._key(entry.job), self._index],
+                             args=[entry.job, entry.token])
         except (redis.RedisError, OSError) as exc:
-            self._health.failed("removing a finished job", exc)  # its TTL removes it
+            self._health.failed("removing a finished job", exc)
             return
         self._health.ok()
 
@@ -301,8 +336,12 @@ class DeadlineRegistry:
                         self._subscribed.set()
                         backoff = 0.05
                         self._health.ok()
+                        self._resync()
                     elif message["type"] == "message":
-                        self._apply(message["data"])
+                        try:
+                            self._apply(message["data"])
+                        except Exception:  # noqa: BLE001 - the listener must survive
+                            log.exception("control message %r not applied", message["data"])
             except (redis.RedisError, OSError, ValueError) as exc:
                 self._subscribed.clear()
                 if self._stop.is_set():
@@ -321,23 +360,63 @@ class DeadlineRegistry:
         try:
             msg = orjson.loads(data)
             job, token, op = msg["job"], msg["token"], msg["op"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
+            if not (isinstance(job, str) and isinstance(token, str) and op in ("cancel", "extend")):
+                raise TypeError
+            seconds = float(msg["seconds"]) if op == "extend" else 0.0
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             log.warning("ignoring a malformed control message: %r", data[:200])
             return
         with self._lock:
-            token_scope = self._local.get(job)
-        if token_scope is None or token_scope[0] != token:
+            entry = self._local.get(job)
+        if entry is None or entry.token != token:
             return  # another process's job, or one that has ended
-        scope = token_scope[1]
+        if op == "cancel":
+            entry.scope.cancel()
+        else:
+            self._extend_local(entry.scope, seconds)
+
+    @staticmethod
+    def _extend_local(scope: Any, seconds: float) -> None:
+        when = scope.when()
+        for _ in range(100):  # the message can beat the arming of a scope being entered
+            if when is not None or scope.exited_at is not None:
+                break
+            time.sleep(0.001)
+            when = scope.when()
+        if when is None or scope.expired() or getattr(scope, "_cancelled", False):
+            return
         try:
-            if op == "cancel":
-                scope.cancel()
-            elif op == "extend":
-                when = scope.when()
-                if when is not None and not scope.expired():
-                    scope.reschedule(when + float(msg["seconds"]))
+            scope.reschedule(when + seconds)
         except RuntimeError:
             pass  # the block exited meanwhile
+
+    def _resync(self) -> None:
+        """After (re)subscribing: apply what was sent while nobody listened."""
+        with self._lock:
+            entries = list(self._local.values())
+        if not entries:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        for entry in entries:
+            pipe.hmget(self._key(entry.job), ["token", "state", "deadline"])
+        (sec, usec), *rows = pipe.execute()
+        server_now = sec + usec / 1e6
+        for entry, (token, state, deadline) in zip(entries, rows):
+            if token is None or token.decode() != entry.token:
+                continue
+            if state == b"cancelling":
+                entry.scope.cancel()
+                continue
+            when = entry.scope.when()
+            if when is None or deadline is None or entry.scope.expired():
+                continue
+            published = time.monotonic() + float(deadline) - server_now
+            if published > when + 0.001:  # extended while the subscription was down
+                try:
+                    entry.scope.reschedule(published)
+                except RuntimeError:
+                    pass
 
     def close(self) -> None:
         """Stop this process's subscriber thread (running blocks keep their local
@@ -350,7 +429,9 @@ class DeadlineRegistry:
 
     def _after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
+        self._health = _Health(self._health.retry_after)
         self._local = {}
+        self._entries = {}
         self._listener = None
         self._subscribed = threading.Event()
         self._stop = threading.Event()
@@ -400,11 +481,15 @@ class DeadlineRegistry:
                             args=[job, f"{float(seconds):.6f}", f"{self.margin:.6f}", self.channel])
         if left is None:
             raise JobNotFound(job)
+        if left == b"cancelling":
+            raise JobNotFound(f"{job} is being cancelled")
         return float(left)
 
     def cancel(self, job: str) -> bool:
         """Stop ``job`` wherever it runs: its block raises ``DeadlineCancelled`` and its
-        result's status is ``cancelled``. False if no such job is live."""
+        result's status is ``cancelled``. False if no such job is live. The cancel is
+        recorded in the job's key too: a worker whose subscription was down applies it
+        when it is back. A job being cancelled cannot be extended."""
         return bool(self._cancel(keys=[self._key(job)], args=[job, self.channel]))
 
     # -- helpers -------------------------------------------------------------------------
