@@ -40,6 +40,7 @@ from typing import Any, Optional
 
 import orjson
 import redis
+import redis.connection
 from pydantic import BaseModel, ConfigDict
 
 from ..scope import DeadlineScope, shield, thread_deadline
@@ -223,6 +224,7 @@ class DeadlineRegistry:
         self._local: dict[str, _Entry] = {}  # job id -> its running entry in this process
         self._entries: dict[int, _Entry] = {}  # id(scope) -> entry, while the scope runs
         self._listener: Optional[threading.Thread] = None
+        self._pubsub: Any = None
         self._subscribed = threading.Event()
         self._stop = threading.Event()
         self._host = socket.gethostname()
@@ -321,15 +323,28 @@ class DeadlineRegistry:
                                               name=f"timeoutcore-registry:{self.prefix}")
             self._listener.start()
 
+    def _subscriber_client(self) -> redis.Redis:
+        """A client like ``self.client`` whose connections block in reads without a
+        timeout: the subscriber waits in one blocking ``recv`` (one GIL hand-over when a
+        message arrives, where polling with a timeout takes two). TCP keepalive is on; a
+        server that goes away resets the connection."""
+        pool = self.client.connection_pool
+        kwargs = dict(pool.connection_kwargs, socket_timeout=None)
+        if issubclass(pool.connection_class, redis.connection.Connection):
+            kwargs["socket_keepalive"] = True
+        return redis.Redis(connection_pool=redis.ConnectionPool(
+            connection_class=pool.connection_class, **kwargs))
+
     def _listen(self) -> None:
         """The subscriber thread: applies extend/cancel to this process's scopes."""
         backoff = 0.05
+        client = self._subscriber_client()
         while not self._stop.is_set():
-            pubsub = self.client.pubsub()  # type: ignore[no-untyped-call]
+            pubsub = self._pubsub = client.pubsub()  # type: ignore[no-untyped-call]
             try:
                 pubsub.subscribe(self.channel)
                 while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=0.5)
+                    message = pubsub.get_message(timeout=None)  # blocks; close() wakes it
                     if message is None:
                         continue
                     if message["type"] == "subscribe":
@@ -350,11 +365,13 @@ class DeadlineRegistry:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, self._health.retry_after)
             finally:
+                self._pubsub = None
                 try:
                     pubsub.close()
-                except (redis.RedisError, OSError):  # pragma: no cover - closing a dead link
+                except Exception:  # noqa: BLE001 - a dead link, or close() got there first
                     pass
         self._subscribed.clear()
+        client.close()
 
     def _apply(self, data: bytes) -> None:
         try:
@@ -422,6 +439,13 @@ class DeadlineRegistry:
         """Stop this process's subscriber thread (running blocks keep their local
         deadlines). The registry starts it again if used afterwards."""
         self._stop.set()
+        pubsub = self._pubsub
+        connection = getattr(pubsub, "connection", None)
+        if connection is not None:
+            try:  # shut the socket down: the blocked read returns, the listener cleans up
+                connection.disconnect()
+            except Exception:  # noqa: BLE001 - racing the listener's own clean-up
+                pass
         listener = self._listener
         if listener is not None and listener is not threading.current_thread():
             listener.join(5)
@@ -433,6 +457,7 @@ class DeadlineRegistry:
         self._local = {}
         self._entries = {}
         self._listener = None
+        self._pubsub = None
         self._subscribed = threading.Event()
         self._stop = threading.Event()
 
