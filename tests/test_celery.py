@@ -26,6 +26,7 @@ from celery.contrib.testing.worker import start_worker  # noqa: E402
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded  # noqa: E402
 from conftest import burn, spin_forever  # noqa: E402
 
+import timeoutcore  # noqa: E402
 from timeoutcore.contrib.celery import install, is_enforcing  # noqa: E402
 
 WAIT = 30  # seconds a test waits for a result at most (a broken build fails, never hangs)
@@ -134,12 +135,17 @@ class Events:
         raise AssertionError(f"no {kind} event for {task_id}: {self.seen.get(task_id)}")
 
 
-@pytest.fixture(params=["threads", "solo"])
+@pytest.fixture(scope="module", params=["threads", "solo"])
 def installed_worker(request: Any, redis_url: str) -> Iterator[tuple[Celery, Any]]:
+    """One worker per pool for the tests below: that it survives each of them is part of
+    what they check."""
+    was_patched = timeoutcore.is_patched()
     app = make_app(redis_url, installed=True, patch=True)
     with start_worker(app, pool=request.param, concurrency=2, perform_ping_check=False,
                       loglevel="WARNING", shutdown_timeout=10) as worker:
         yield app, worker
+    if not was_patched:  # install(patch=True) patched this process at worker start
+        timeoutcore.unpatch()
 
 
 def test_soft_limit_raises_softtimelimitexceeded_inside_the_task(
