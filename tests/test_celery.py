@@ -1,93 +1,100 @@
-"""Celery time limits in the threads and solo pools, with a real worker over a real Redis.
+"""Celery time limits in the threads and solo pools: real ``celery worker`` processes over a
+real Redis broker and result backend (tests/celery_app.py is their app).
 
-Each test app gets its own queue names, so runs sharing one Redis (CI runs the suite on
+Every worker consumes a queue of its own, so runs sharing one Redis (CI runs the suite on
 several interpreters) never see each other's tasks.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
 celery = pytest.importorskip("celery")
 
 from celery import Celery  # noqa: E402
-from celery.contrib.testing.worker import start_worker  # noqa: E402
-from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded  # noqa: E402
-from conftest import burn, spin_forever  # noqa: E402
-
-import timeoutcore  # noqa: E402
-from timeoutcore.contrib.celery import install, is_enforcing  # noqa: E402
+from celery.exceptions import (  # noqa: E402
+    SoftTimeLimitExceeded,
+    TaskRevokedError,
+    TimeLimitExceeded,
+)
+from celery_app import make_app  # noqa: E402
 
 WAIT = 30  # seconds a test waits for a result at most (a broken build fails, never hangs)
+TESTS = Path(__file__).resolve().parent
+ENFORCING = "time limits enforced by timeoutcore"
+STAYS_OUT = "timeoutcore stays out"
 
 
-def make_app(redis_url: str, *, installed: bool, patch: bool = False) -> Celery:
-    app = Celery(f"tc-{uuid.uuid4().hex[:8]}", broker=redis_url, backend=redis_url,
-                 set_as_current=False)
-    app.conf.update(
-        task_default_queue=f"timeoutcore-test-{uuid.uuid4().hex}",
-        worker_send_task_events=True,
-        task_send_sent_event=False,
-        broker_connection_retry_on_startup=True,
-        result_expires=300,
-        worker_hijack_root_logger=False,
-        event_queue_expires=60,
-    )
+class Worker:
+    """``celery -A celery_app worker`` in a subprocess, on a queue of its own; ``app`` is the
+    same app in this process, to send tasks and read results."""
 
-    @app.task(name="t.soft_then_finish", soft_time_limit=0.3, time_limit=5)
-    def soft_then_finish() -> str:
-        try:
-            burn(3.0)
-        except SoftTimeLimitExceeded:
-            return "cleaned up after the soft limit"
-        return "ran to the end"
+    def __init__(self, url: str, pool: str, folder: Path, *, install: bool = True,
+                 patch: bool = False, app_time_limit: Optional[float] = None,
+                 registry_prefix: Optional[str] = None) -> None:
+        self.queue = f"timeoutcore-test-{uuid.uuid4().hex}"
+        self.app: Celery = make_app(url, self.queue, app_time_limit=app_time_limit)
+        self.log_path = folder / f"worker-{pool}-{self.queue[-8:]}.log"
+        env = dict(os.environ, TC_URL=url, TC_QUEUE=self.queue, TC_INSTALL=str(int(install)),
+                   TC_PATCH=str(int(patch)), TC_APP_TIME_LIMIT=str(app_time_limit or ""),
+                   TC_REGISTRY_PREFIX=registry_prefix or "",
+                   PYTHONPATH=os.pathsep.join(
+                       p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p))
+        with self.log_path.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-P", pool,
+                 "-c", "2", "-Q", self.queue, "-l", "INFO", "--without-gossip",
+                 "--without-mingle", "--without-heartbeat", "-n", f"{self.queue}@%h"],
+                cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        self._wait_ready()
 
-    @app.task(name="t.soft_uncaught", soft_time_limit=0.3, time_limit=5)
-    def soft_uncaught() -> str:
-        burn(3.0)
-        return "ran to the end"
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
-    @app.task(name="t.hard", time_limit=0.5)
-    def hard() -> str:
-        for _ in range(1000):  # swallowing exceptions must not keep it alive
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        for _ in range(int(timeout / 0.05)):
+            if " ready." in self.log():
+                return
+            if self.proc.poll() is not None or time.monotonic() > end:
+                break
+            time.sleep(0.05)
+        self.stop()
+        raise AssertionError(f"the worker did not start:\n{self.log()[-3000:]}")
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # warm shutdown
             try:
-                spin_forever()
-            except Exception:  # noqa: BLE001
-                pass
-        return "ran to the end"
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.log()
 
-    @app.task(name="t.sleep_hard", time_limit=0.5)
-    def sleep_hard() -> str:
-        time.sleep(3.0)
-        return "ran to the end"
+    def __enter__(self) -> Worker:
+        return self
 
-    @app.task(name="t.quick")
-    def quick(x: int) -> int:
-        return x * 2
-
-    @app.task(name="t.burn")
-    def burn_task(seconds: float) -> str:
-        burn(seconds)
-        return "ran to the end"
-
-    if installed:
-        install(app, patch=patch)
-    return app
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
 
 
 class Events:
-    """A real Celery event receiver: collects task-failed / task-succeeded by task id."""
+    """A real Celery event receiver: collects task events by task id."""
+
+    KINDS = ("task-failed", "task-succeeded", "task-revoked")
 
     def __init__(self, app: Celery) -> None:
         self.app = app
@@ -101,8 +108,7 @@ class Events:
 
     def _run(self) -> None:
         with self.app.connection_for_read() as conn:
-            recv = self.app.events.Receiver(
-                conn, handlers={"task-failed": self._on, "task-succeeded": self._on})
+            recv = self.app.events.Receiver(conn, handlers={k: self._on for k in self.KINDS})
             on_ready = recv.on_consume_ready
 
             def consuming(*args: Any, **kwargs: Any) -> None:
@@ -136,43 +142,37 @@ class Events:
 
 
 @pytest.fixture(scope="module", params=["threads", "solo"])
-def installed_worker(request: Any, redis_url: str) -> Iterator[tuple[Celery, Any]]:
+def installed(request: Any, redis_url: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     """One worker per pool for the tests below: that it survives each of them is part of
     what they check."""
-    was_patched = timeoutcore.is_patched()
-    app = make_app(redis_url, installed=True, patch=True)
-    with start_worker(app, pool=request.param, concurrency=2, perform_ping_check=False,
-                      loglevel="WARNING", shutdown_timeout=10) as worker:
-        yield app, worker
-    if not was_patched:  # install(patch=True) patched this process at worker start
-        timeoutcore.unpatch()
+    folder = tmp_path_factory.mktemp(f"celery-{request.param}")
+    with Worker(redis_url, request.param, folder, install=True, patch=True) as worker:
+        yield worker
+    assert worker.proc.returncode == 0, worker.log()[-3000:]
 
 
-def test_soft_limit_raises_softtimelimitexceeded_inside_the_task(
-    installed_worker: tuple[Celery, Any],
-) -> None:
-    app, worker = installed_worker
-    assert is_enforcing(worker)
+def test_soft_limit_raises_softtimelimitexceeded_inside_the_task(installed: Worker) -> None:
+    assert ENFORCING in installed.log()
     start = time.monotonic()
-    result = app.tasks["t.soft_then_finish"].delay()
+    result = installed.app.tasks["t.soft_then_finish"].delay()
     assert result.get(timeout=WAIT) == "cleaned up after the soft limit"
     assert time.monotonic() - start < 2.5  # stopped at ~0.3 s, not after the 3 s body
+    assert "Soft time limit (0.3s) exceeded for t.soft_then_finish" in installed.log()
 
 
-def test_uncaught_soft_limit_fails_the_task_with_softtimelimitexceeded(
-    installed_worker: tuple[Celery, Any],
-) -> None:
-    app, _ = installed_worker
-    result = app.tasks["t.soft_uncaught"].delay()
+def test_uncaught_soft_limit_fails_the_task_with_softtimelimitexceeded(installed: Worker) -> None:
+    result = installed.app.tasks["t.soft_uncaught"].delay()
     with pytest.raises(SoftTimeLimitExceeded):
         result.get(timeout=WAIT)
     assert result.state == "FAILURE"
 
 
 def test_hard_limit_fails_the_task_with_timelimitexceeded_and_the_worker_goes_on(
-    installed_worker: tuple[Celery, Any],
+    installed: Worker,
 ) -> None:
-    app, _ = installed_worker
+    app = installed.app
+    pid = app.tasks["t.pid"].delay().get(timeout=WAIT)
     with Events(app) as events:
         start = time.monotonic()
         result = app.tasks["t.hard"].delay()
@@ -184,30 +184,28 @@ def test_hard_limit_fails_the_task_with_timelimitexceeded_and_the_worker_goes_on
         assert result.state == "FAILURE"
         failed = events.wait_for(result.id, "task-failed")
         assert "TimeLimitExceeded" in failed["exception"]
-        # the same worker (and its threads) serve the next tasks
+        # the same worker process (and its threads) serve the next tasks
         assert [app.tasks["t.quick"].delay(i).get(timeout=WAIT) for i in range(10)] == [
             2 * i for i in range(10)]
         ok = app.tasks["t.soft_then_finish"].delay()
         assert ok.get(timeout=WAIT) == "cleaned up after the soft limit"
         events.wait_for(ok.id, "task-succeeded")
+    assert app.tasks["t.pid"].delay().get(timeout=WAIT) == pid == installed.proc.pid
+    assert f"Hard time limit (0.5s) exceeded for t.hard[{result.id}]" in installed.log()
 
 
-def test_hard_limit_stops_time_sleep_with_patch(installed_worker: tuple[Celery, Any]) -> None:
-    app, _ = installed_worker
+def test_hard_limit_stops_time_sleep_with_patch(installed: Worker) -> None:
     start = time.monotonic()
     with pytest.raises(TimeLimitExceeded):
-        app.tasks["t.sleep_hard"].delay().get(timeout=WAIT)
+        installed.app.tasks["t.sleep_hard"].delay().get(timeout=WAIT)
     assert time.monotonic() - start < 2.5
 
 
-def test_limits_given_at_call_time_and_app_wide(redis_url: str) -> None:
-    app = make_app(redis_url, installed=True)
-    app.conf.task_time_limit = 0.4  # the app-wide default, for tasks without their own
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      loglevel="WARNING", shutdown_timeout=10):
-        burn_task = app.tasks["t.burn"]
+def test_limits_given_at_call_time_and_app_wide(redis_url: str, tmp_path: Path) -> None:
+    with Worker(redis_url, "threads", tmp_path, app_time_limit=0.4) as worker:
+        burn_task = worker.app.tasks["t.burn"]
         with pytest.raises(TimeLimitExceeded) as info:
-            burn_task.delay(3.0).get(timeout=WAIT)
+            burn_task.delay(3.0).get(timeout=WAIT)  # the app-wide task_time_limit
         assert info.value.args == (0.4,)
         with pytest.raises(SoftTimeLimitExceeded):
             burn_task.apply_async((3.0,), soft_time_limit=0.2, time_limit=2).get(timeout=WAIT)
@@ -217,82 +215,75 @@ def test_limits_given_at_call_time_and_app_wide(redis_url: str) -> None:
         assert burn_task.apply_async((0.05,), time_limit=2).get(timeout=WAIT) == "ran to the end"
 
 
-def test_without_install_the_threads_pool_ignores_time_limits(redis_url: str) -> None:
+def test_without_install_the_threads_pool_ignores_time_limits(redis_url: str,
+                                                              tmp_path: Path) -> None:
     """Why this module exists: Celery's threads pool accepts the limits and ignores them."""
-    app = make_app(redis_url, installed=False)
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False,
-                      loglevel="WARNING", shutdown_timeout=10) as worker:
-        assert not is_enforcing(worker)
+    with Worker(redis_url, "threads", tmp_path, install=False) as worker:
+        assert ENFORCING not in worker.log()
         start = time.monotonic()
-        soft = app.tasks["t.soft_uncaught"].delay()
+        soft = worker.app.tasks["t.soft_uncaught"].delay()
         assert soft.get(timeout=WAIT) == "ran to the end"  # 3 s past a 0.3 s soft limit
         assert time.monotonic() - start >= 3.0
-        assert app.tasks["t.burn"].apply_async((0.8,), time_limit=0.3).get(
+        assert worker.app.tasks["t.burn"].apply_async((0.8,), time_limit=0.3).get(
             timeout=WAIT) == "ran to the end"
 
 
-PREFORK_APP = """
-import os, time
-from celery import Celery
-from celery.exceptions import SoftTimeLimitExceeded
-from timeoutcore.contrib.celery import install
+def test_registry_lists_extends_and_cancels_celery_tasks(redis_url: str,
+                                                         tmp_path: Path) -> None:
+    """install(app, registry=...): revoke(terminate=True) for the threads pool."""
+    pytest.importorskip("redis")
+    from timeoutcore.contrib.redis import DeadlineRegistry
 
-app = Celery("prefork_probe", broker=os.environ["TC_URL"], backend=os.environ["TC_URL"])
-app.conf.update(task_default_queue=os.environ["TC_QUEUE"],
-                broker_connection_retry_on_startup=True)
+    prefix = f"celery-reg-{uuid.uuid4().hex[:8]}"
+    coordinator = DeadlineRegistry.from_url(redis_url, prefix=prefix)
+    with Worker(redis_url, "threads", tmp_path, registry_prefix=prefix) as worker, \
+            Events(worker.app) as events:
+        burn_task = worker.app.tasks["t.burn"]
+        long = burn_task.apply_async((30,), time_limit=20)
+        info = _wait_listed(coordinator, long.id)
+        assert info.label == "t.burn" and info.limit == 20.0 and info.pid == worker.proc.pid
+        sent = time.monotonic()
+        assert coordinator.cancel(long.id)
+        with pytest.raises(TaskRevokedError):
+            long.get(timeout=WAIT)
+        assert time.monotonic() - sent < 2.0
+        assert long.state == "REVOKED"
+        events.wait_for(long.id, "task-revoked")
+        # extend: a 0.6 s limit, a 1.2 s body, 2 s more -> it succeeds
+        slow = burn_task.apply_async((1.2,), time_limit=0.6)
+        _wait_listed(coordinator, slow.id)
+        coordinator.extend(slow.id, 2.0)
+        assert slow.get(timeout=WAIT) == "ran to the end"
+        assert coordinator.get(slow.id) is None
+        # the worker goes on; an unextended limit still holds
+        with pytest.raises(TimeLimitExceeded):
+            burn_task.apply_async((3.0,), time_limit=0.3).get(timeout=WAIT)
+        assert worker.app.tasks["t.quick"].delay(21).get(timeout=WAIT) == 42
+    coordinator.close()
 
-@app.task(name="p.soft", soft_time_limit=0.3, time_limit=5)
-def soft():
-    try:
-        time.sleep(3)
-    except SoftTimeLimitExceeded:
-        return "soft in pid %d" % os.getpid()
 
-@app.task(name="p.hard", time_limit=0.5)
-def hard():
-    time.sleep(3)
-
-install(app)
-"""
+def _wait_listed(registry: Any, job: str, timeout: float = 10.0) -> Any:
+    end = time.monotonic() + timeout
+    for _ in range(int(timeout / 0.01)):
+        info = registry.get(job)
+        if info is not None:
+            return info
+        if time.monotonic() > end:
+            break
+        time.sleep(0.01)
+    raise AssertionError(f"task {job} never appeared in the registry")
 
 
 def test_prefork_is_left_to_celery(redis_url: str, tmp_path: Path) -> None:
     """install() adds nothing to a prefork worker: Celery's own enforcement (signals to and
     killing of child processes) produces the results."""
-    (tmp_path / "prefork_probe.py").write_text(textwrap.dedent(PREFORK_APP))
-    queue = f"timeoutcore-prefork-{uuid.uuid4().hex}"
-    env = dict(os.environ, TC_URL=redis_url, TC_QUEUE=queue,
-               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    log = tmp_path / "worker.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "prefork_probe", "worker", "-P", "prefork",
-             "-c", "1", "-l", "DEBUG", "--without-gossip", "--without-mingle",
-             "--without-heartbeat"],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
-    try:
-        sys.path.insert(0, str(tmp_path))
-        os.environ["TC_URL"], os.environ["TC_QUEUE"] = redis_url, queue
-        try:
-            import prefork_probe  # type: ignore[import-not-found]
-        finally:
-            sys.path.remove(str(tmp_path))
-        app = prefork_probe.app
-        soft = app.tasks["p.soft"].delay().get(timeout=WAIT)
-        assert soft.startswith("soft in pid ") and int(soft.split()[-1]) != proc.pid
+    with Worker(redis_url, "prefork", tmp_path, install=True) as worker:
+        app = worker.app
+        child = app.tasks["t.pid"].delay().get(timeout=WAIT)
+        assert child != worker.proc.pid  # the task ran in a child process
+        assert app.tasks["t.soft_then_finish"].delay().get(
+            timeout=WAIT) == "cleaned up after the soft limit"
         with pytest.raises(TimeLimitExceeded):
-            app.tasks["p.hard"].delay().get(timeout=WAIT)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        os.environ.pop("TC_URL", None)
-        os.environ.pop("TC_QUEUE", None)
-        sys.modules.pop("prefork_probe", None)
-    text = log.read_text(errors="replace")
-    assert "timeoutcore stays out" in text, text[-3000:]
-    assert "enforced by timeoutcore" not in text
+            app.tasks["t.hard"].delay().get(timeout=WAIT)
+        log = worker.log()
+    assert STAYS_OUT in log and ENFORCING not in log, log[-3000:]

@@ -29,6 +29,10 @@ prefork's, the limit starts when a pool thread picks the task up, not when it wa
 Blocking calls that CPython retries after a signal (``time.sleep``, socket reads) need
 :func:`timeoutcore.patch` to stop precisely; call it in the worker (``install(app,
 patch=True)`` does).
+
+With ``install(app, registry=DeadlineRegistry(...))`` every time-limited task is published
+in Redis under its task id while it runs: a coordinator can list it, extend its hard limit,
+or cancel it -- ``revoke(terminate=True)`` for pools that have no process to kill.
 """
 
 from __future__ import annotations
@@ -38,12 +42,12 @@ import logging
 import threading
 from typing import Any, Callable, Optional
 
-from celery import bootsteps
+from celery import bootsteps, signals
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.concurrency.thread import TaskPool as ThreadPool
-from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded
 
-from ..errors import DeadlineExceeded
+from ..errors import DeadlineCancelled, DeadlineExceeded
 from ..scope import thread_deadline
 
 __all__ = ["TimeLimitStep", "install", "is_enforcing"]
@@ -60,13 +64,15 @@ _WRAPPED = "__timeoutcore_guarded__"
 class _Limits:
     """The limits the pool was asked to enforce for one task, handed to its thread."""
 
-    __slots__ = ("hard", "soft", "timeout_callback")
+    __slots__ = ("hard", "soft", "timeout_callback", "registry")
 
     def __init__(self, hard: Optional[float], soft: Optional[float],
-                 timeout_callback: Optional[Callable[[bool, float], Any]]) -> None:
+                 timeout_callback: Optional[Callable[[bool, float], Any]],
+                 registry: Any = None) -> None:
         self.hard = hard
         self.soft = soft
         self.timeout_callback = timeout_callback
+        self.registry = registry
 
 
 _pending = threading.local()
@@ -89,7 +95,7 @@ def _seconds(value: Any) -> Optional[float]:
     return seconds if seconds > 0 else None
 
 
-def _wrap_pool(pool: Any) -> None:
+def _wrap_pool(pool: Any, registry: Any = None) -> None:
     original = pool.on_apply
     default_hard = _seconds(pool.options.get("timeout"))
     default_soft = _seconds(pool.options.get("soft_timeout"))
@@ -101,7 +107,7 @@ def _wrap_pool(pool: Any) -> None:
         if soft is not None and hard is not None and soft >= hard:
             soft = None  # as in prefork: the hard limit comes first, the soft one never fires
         if hard is not None or soft is not None:
-            limits = _Limits(hard, soft, options.get("timeout_callback"))
+            limits = _Limits(hard, soft, options.get("timeout_callback"), registry)
             target = functools.partial(_with_limits, target, limits)
         return original(target, args, kwargs, callback, accept_callback, **options)
 
@@ -128,23 +134,49 @@ def _guard_task(task: Any) -> None:
 
 def _run_limited(task: Any, run: Callable[..., Any], limits: _Limits,
                  args: Any, kwargs: Any) -> Any:
-    extras: dict[str, Any] = {}
+    extras: dict[str, Any] = {"label": task.name}
     if limits.soft is not None:
         extras.update(soft=limits.soft, soft_raise=SoftTimeLimitExceeded)
         if limits.timeout_callback is not None:
             extras["on_soft"] = functools.partial(_soft_passed, limits)
     hard = limits.hard if limits.hard is not None else _NO_HARD_LIMIT
-    scope = thread_deadline(hard, label=task.name, **extras)
+    task_id = getattr(task.request, "id", None)
+    if limits.registry is not None and task_id:
+        extras = limits.registry.scope_options(task_id, **extras)
+    scope = thread_deadline(hard, **extras)
     try:
         with scope:
             return run(*args, **kwargs)
+    except DeadlineCancelled as exc:
+        if exc.scope is not scope:
+            raise
+        _revoked(task, task_id)
+        raise Ignore() from None  # the state is REVOKED; nothing else is stored
     except DeadlineExceeded as exc:
         if exc.scope is not scope:
             raise  # a deadline of the task's own
-        task_id = getattr(task.request, "id", None)
         worker_log.error("Hard time limit (%ss) exceeded for %s[%s]", limits.hard, task.name,
                          task_id)
         raise TimeLimitExceeded(limits.hard) from None
+
+
+_CANCELLED = "cancelled through the deadline registry"
+
+
+def _revoked(task: Any, task_id: Optional[str]) -> None:
+    """What Celery does for ``revoke(terminate=True)``: REVOKED in the result backend,
+    a ``task-revoked`` event, the ``task_revoked`` signal."""
+    worker_log.warning("Task %s[%s] %s", task.name, task_id, _CANCELLED)
+    request = task.request
+    task.backend.mark_as_revoked(task_id, _CANCELLED, request=request,
+                                 store_result=task.store_errors_even_if_ignored
+                                 or not task.ignore_result)
+    try:
+        task.send_event("task-revoked", terminated=True, signum=None, expired=False)
+    except Exception:  # noqa: BLE001 - monitoring must not change the task's outcome
+        log.exception("task-revoked event for %s[%s] not sent", task.name, task_id)
+    signals.task_revoked.send(sender=task, request=request, terminated=True, signum=None,
+                              expired=False)
 
 
 def _soft_passed(limits: _Limits, scope: Any) -> None:
@@ -164,6 +196,7 @@ class TimeLimitStep(bootsteps.Step):
     name = "timeoutcore.contrib.celery.TimeLimitStep"
     requires = ("celery.worker.components:Pool",)
     patch_blocking = False
+    registry: Any = None
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
@@ -172,7 +205,7 @@ class TimeLimitStep(bootsteps.Step):
     def create(self, worker: Any) -> None:
         pool = worker.pool
         if not _enforcing_pool(pool):
-            log.debug("pool %s enforces its own time limits: timeoutcore stays out",
+            log.info("pool %s enforces its own time limits: timeoutcore stays out",
                       type(pool).__module__)
             return None
         if self.patch_blocking:
@@ -181,24 +214,28 @@ class TimeLimitStep(bootsteps.Step):
             patch()
         for task in worker.app.tasks.values():
             _guard_task(task)
-        _wrap_pool(pool)
+        _wrap_pool(pool, self.registry)
         worker.timeoutcore_enforcing = True
         log.info("time limits enforced by timeoutcore in the %s pool", type(pool).__module__)
         return None
 
 
-def install(app: Any, *, patch: bool = False) -> None:
+def install(app: Any, *, patch: bool = False, registry: Any = None) -> None:
     """Make workers of ``app`` that run the ``threads`` or ``solo`` pool honour time limits.
 
     Call it where the app is defined (before the worker starts). ``patch=True`` also calls
     :func:`timeoutcore.patch` in such a worker, so ``time.sleep``, socket reads and other
-    waits that CPython retries after a signal stop at the limit too. Idempotent.
+    waits that CPython retries after a signal stop at the limit too.
+
+    ``registry``: a :class:`timeoutcore.contrib.redis.DeadlineRegistry`; every task with a
+    time limit is then published under its task id while it runs, so a coordinator can list
+    it, ``extend(task_id, seconds)`` it, or ``cancel(task_id)`` it, which does what
+    ``revoke(terminate=True)`` does under prefork: the task stops, its state is REVOKED
+    (``TaskRevokedError``), ``task-revoked`` is sent. Idempotent (the last call wins).
     """
     steps = app.steps["worker"]
-    step: type[TimeLimitStep] = TimeLimitStep
-    if patch:
-        step = type("TimeLimitStep", (TimeLimitStep,), {"patch_blocking": True,
-                                                          "name": TimeLimitStep.name})
+    step: type[TimeLimitStep] = type("TimeLimitStep", (TimeLimitStep,), {
+        "patch_blocking": patch, "registry": registry, "name": TimeLimitStep.name})
     for existing in list(steps):
         if getattr(existing, "name", None) == TimeLimitStep.name:
             steps.discard(existing)
