@@ -8,10 +8,12 @@ started for the session).
 from __future__ import annotations
 
 import statistics
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,38 +26,19 @@ celery = pytest.importorskip("celery")
 pytest.importorskip("redis")
 
 from celery import Celery  # noqa: E402
-from celery.contrib.testing.worker import start_worker  # noqa: E402
 
-from timeoutcore.contrib.celery import install  # noqa: E402
 from timeoutcore.contrib.redis import DeadlineRegistry  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
 
 TASKS = 200
 WORKERS = 4
 CANCEL_TRIALS = 60
 
 
-def _app(url: str, installed: bool) -> Celery:
-    app = Celery(f"bench-{uuid.uuid4().hex[:8]}", broker=url, backend=url, set_as_current=False)
-    app.conf.update(task_default_queue=f"timeoutcore-bench-{uuid.uuid4().hex}",
-                    broker_connection_retry_on_startup=True, worker_hijack_root_logger=False,
-                    result_expires=300, worker_prefetch_multiplier=4)
-
-    @app.task(name="b.one_ms", time_limit=10, soft_time_limit=5)
-    def one_ms() -> int:
-        end = time.perf_counter() + 0.001
-        n = 0
-        while time.perf_counter() < end:
-            n += 1
-        return n
-
-    if installed:
-        install(app)
-    return app
-
-
 def _batch(app: Celery) -> float:
     """Seconds per task for TASKS tasks sent at once and all results collected."""
-    task = app.tasks["b.one_ms"]
+    task = app.tasks["t.one_ms"]
     t0 = time.perf_counter()
     results = [task.delay() for _ in range(TASKS)]
     for r in results:
@@ -64,12 +47,18 @@ def _batch(app: Celery) -> float:
 
 
 @pytest.fixture(scope="module")
-def workers(redis_url: str) -> Iterator[tuple[Celery, Celery]]:
-    plain, guarded = _app(redis_url, False), _app(redis_url, True)
-    opts: dict[str, Any] = dict(pool="threads", concurrency=WORKERS, perform_ping_check=False,
-                                loglevel="ERROR", shutdown_timeout=10)
-    with start_worker(plain, **opts), start_worker(guarded, **opts):
-        yield plain, guarded
+def workers(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Celery, Celery]]:
+    """Two real worker processes (tests/celery_harness.py), threads pool, WORKERS threads:
+    one without install(app), one with it."""
+    sys.path.insert(0, str(TESTS))
+    try:
+        from celery_harness import Worker
+    finally:
+        sys.path.remove(str(TESTS))
+    folder = tmp_path_factory.mktemp("celery-bench")
+    with Worker(redis_url, "threads", folder, install=False, concurrency=WORKERS) as plain, \
+            Worker(redis_url, "threads", folder, install=True, concurrency=WORKERS) as guarded:
+        yield plain.app, guarded.app
 
 
 @pytest.mark.benchmark(group="celery")

@@ -81,6 +81,14 @@ def make_app(url: str, queue: str, *, install: bool = False, patch: bool = False
         burn(seconds)
         return "ran to the end"
 
+    @app.task(name="t.one_ms", time_limit=10, soft_time_limit=5)
+    def one_ms() -> int:  # the benchmark's task
+        end = time.perf_counter() + 0.001
+        n = 0
+        while time.perf_counter() < end:
+            n += 1
+        return n
+
     @app.task(name="t.pid")
     def pid() -> int:
         return os.getpid()
