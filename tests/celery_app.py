@@ -13,20 +13,7 @@ from typing import Any, Optional
 
 from celery import Celery
 from celery.exceptions import SoftTimeLimitExceeded
-
-
-def burn(seconds: float) -> int:
-    """Spin in Python for ``seconds`` (a loop in its own frame: see tests/conftest.py)."""
-    end = time.monotonic() + seconds
-    n = 0
-    while time.monotonic() < end:
-        n += 1
-    return n
-
-
-def spin_forever() -> None:
-    for _ in range(10**15):
-        pass
+from conftest import burn, spin_forever  # the tests' workloads (tests/ is on the path)
 
 
 def make_app(url: str, queue: str, *, install: bool = False, patch: bool = False,

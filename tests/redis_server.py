@@ -16,7 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 from urllib.parse import urlparse
 
 import pytest
@@ -114,3 +114,16 @@ def session_redis(new_folder: Callable[[], Path]) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+def wait_for_job(registry: Any, job: str, timeout: float = 10.0) -> Any:
+    """The JobInfo of ``job`` as soon as ``registry`` lists it (polls every 5 ms)."""
+    end = time.monotonic() + timeout
+    for _ in range(int(timeout / 0.005)):
+        info = registry.get(job)
+        if info is not None:
+            return info
+        if time.monotonic() > end:
+            break
+        time.sleep(0.005)
+    raise AssertionError(f"job {job} never appeared in the registry")

@@ -23,6 +23,7 @@ from celery.exceptions import (  # noqa: E402
     TimeLimitExceeded,
 )
 from celery_harness import Events, Worker  # noqa: E402
+from redis_server import wait_for_job  # noqa: E402
 
 WAIT = 30  # seconds a test waits for a result at most (a broken build fails, never hangs)
 ENFORCING = "time limits enforced by timeoutcore"
@@ -128,7 +129,7 @@ def test_registry_lists_extends_and_cancels_celery_tasks(redis_url: str,
             Events(worker.app) as events:
         burn_task = worker.app.tasks["t.burn"]
         long = burn_task.apply_async((30,), time_limit=20)
-        info = _wait_listed(coordinator, long.id)
+        info = wait_for_job(coordinator, long.id)
         assert info.label == "t.burn" and info.limit == 20.0 and info.pid == worker.proc.pid
         sent = time.monotonic()
         assert coordinator.cancel(long.id)
@@ -139,7 +140,7 @@ def test_registry_lists_extends_and_cancels_celery_tasks(redis_url: str,
         events.wait_for(long.id, "task-revoked")
         # extend: a 0.6 s limit, a 1.2 s body, 2 s more -> it succeeds
         slow = burn_task.apply_async((1.2,), time_limit=0.6)
-        _wait_listed(coordinator, slow.id)
+        wait_for_job(coordinator, slow.id)
         coordinator.extend(slow.id, 2.0)
         assert slow.get(timeout=WAIT) == "ran to the end"
         assert coordinator.get(slow.id) is None
@@ -148,18 +149,6 @@ def test_registry_lists_extends_and_cancels_celery_tasks(redis_url: str,
             burn_task.apply_async((3.0,), time_limit=0.3).get(timeout=WAIT)
         assert worker.app.tasks["t.quick"].delay(21).get(timeout=WAIT) == 42
     coordinator.close()
-
-
-def _wait_listed(registry: Any, job: str, timeout: float = 10.0) -> Any:
-    end = time.monotonic() + timeout
-    for _ in range(int(timeout / 0.01)):
-        info = registry.get(job)
-        if info is not None:
-            return info
-        if time.monotonic() > end:
-            break
-        time.sleep(0.01)
-    raise AssertionError(f"task {job} never appeared in the registry")
 
 
 def test_prefork_is_left_to_celery(redis_url: str, tmp_path: Path) -> None:

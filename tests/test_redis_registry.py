@@ -20,9 +20,9 @@ redis = pytest.importorskip("redis")
 
 import timeoutcore  # noqa: E402
 from conftest import LATE  # noqa: E402
-from redis_server import RedisServer  # noqa: E402
+from redis_server import RedisServer, wait_for_job  # noqa: E402
 
-from timeoutcore.contrib.redis import DeadlineRegistry, JobInfo, JobNotFound  # noqa: E402
+from timeoutcore.contrib.redis import DeadlineRegistry, JobNotFound  # noqa: E402
 
 WORKER = str(Path(__file__).with_name("registry_worker.py"))
 
@@ -51,23 +51,34 @@ class Worker:
         self.proc.communicate(timeout=10)
 
 
+class InThread:
+    """A job in a thread of this process: ``registry.deadline(job, seconds)`` around a
+    timeoutcore.sleep(30); ``scope`` and ``exc`` (its DeadlineExceeded) once it ended."""
+
+    def __init__(self, registry: DeadlineRegistry, job: str, seconds: float) -> None:
+        self.scope = registry.deadline(job, seconds)
+        self.exc: Any = None
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with self.scope:
+                timeoutcore.sleep(30)
+        except timeoutcore.DeadlineExceeded as exc:
+            self.exc = exc
+
+    def join(self) -> InThread:
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        return self
+
+
 @pytest.fixture
 def registry(redis_url: str) -> Iterator[DeadlineRegistry]:
     reg = DeadlineRegistry.from_url(redis_url, prefix=new_prefix())
     yield reg
     reg.close()
-
-
-def wait_for_job(registry: DeadlineRegistry, job: str, timeout: float = 10.0) -> JobInfo:
-    end = time.monotonic() + timeout
-    for _ in range(int(timeout / 0.005)):
-        info = registry.get(job)
-        if info is not None:
-            return info
-        if time.monotonic() > end:
-            break
-        time.sleep(0.005)
-    raise AssertionError(f"job {job} never appeared in the registry")
 
 
 def wait_gone(registry: DeadlineRegistry, job: str, timeout: float) -> float:
@@ -132,26 +143,14 @@ def test_cancel_stops_the_job_at_once(redis_url: str, registry: DeadlineRegistry
 
 def test_cancel_wins_over_a_later_extend(registry: DeadlineRegistry) -> None:
     coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
-    box: dict[str, Any] = {}
-
-    def job() -> None:
-        scope = registry.deadline("cancel-extend", 5.0)
-        box["scope"] = scope
-        try:
-            with scope:
-                timeoutcore.sleep(30)
-        except timeoutcore.DeadlineExceeded as exc:
-            box["exc"] = exc
-
-    thread = threading.Thread(target=job)
-    thread.start()
+    job = InThread(registry, "cancel-extend", 5.0)
     wait_for_job(coordinator, "cancel-extend")
     assert coordinator.cancel("cancel-extend")
     with pytest.raises(JobNotFound, match="being cancelled"):
         coordinator.extend("cancel-extend", 5)
-    thread.join(10)
-    assert type(box["exc"]).__name__ == "DeadlineCancelled"
-    assert box["scope"].result.status == "cancelled"
+    job.join()
+    assert type(job.exc).__name__ == "DeadlineCancelled"
+    assert job.scope.result.status == "cancelled"
     coordinator.close()
 
 
@@ -174,25 +173,14 @@ def test_decorator_form_gives_every_call_its_own_entry(registry: DeadlineRegistr
 
 def test_malformed_control_messages_do_not_stop_the_listener(registry: DeadlineRegistry) -> None:
     coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
-    box: dict[str, Any] = {}
-
-    def job() -> None:
-        scope = registry.deadline("after-garbage", 5.0)
-        try:
-            with scope:
-                timeoutcore.sleep(30)
-        except timeoutcore.DeadlineExceeded as exc:
-            box["exc"] = exc
-
-    thread = threading.Thread(target=job)
-    thread.start()
+    job = InThread(registry, "after-garbage", 5.0)
     wait_for_job(coordinator, "after-garbage")
     for junk in (b"not json", b'{"op":"cancel","job":[1],"token":"x"}',
                  b'{"op":"extend","job":"after-garbage","token":"x","seconds":null}', b"[]"):
         registry.client.publish(registry.channel, junk)
     assert coordinator.cancel("after-garbage")
-    thread.join(10)
-    assert type(box["exc"]).__name__ == "DeadlineCancelled"
+    job.join()
+    assert type(job.exc).__name__ == "DeadlineCancelled"
     coordinator.close()
 
 
@@ -249,28 +237,16 @@ def test_redis_down_from_the_start(tmp_path: Path) -> None:
 
 def test_in_process_cancel_and_extend_from_other_threads(registry: DeadlineRegistry) -> None:
     coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
-    box: dict[str, Any] = {}
-
-    def job() -> None:
-        scope = registry.deadline("inproc", 0.5)
-        box["scope"] = scope
-        try:
-            with scope:
-                timeoutcore.sleep(30)
-        except timeoutcore.DeadlineExceeded as exc:
-            box["exc"] = exc
-
-    thread = threading.Thread(target=job)
-    thread.start()
+    job = InThread(registry, "inproc", 0.5)
     wait_for_job(coordinator, "inproc")
     coordinator.extend("inproc", 1.0)
     time.sleep(0.7)
-    assert thread.is_alive()  # past the original 0.5 s
+    assert job.thread.is_alive()  # past the original 0.5 s
     assert coordinator.cancel("inproc")
-    thread.join(5)
-    assert type(box["exc"]).__name__ == "DeadlineCancelled"
-    assert box["scope"].result.status == "cancelled"
-    assert box["scope"].cancelled()
+    job.join()
+    assert type(job.exc).__name__ == "DeadlineCancelled"
+    assert job.scope.result.status == "cancelled"
+    assert job.scope.cancelled()
     coordinator.close()
 
 
