@@ -277,7 +277,10 @@ class DeadlineRegistry:
         if not self._health.usable():
             return
         self._ensure_listener()
-        self._subscribed.wait(0.5)  # so an extend/cancel sent right after entry is heard
+        # Not needed for correctness (a (re)subscribed listener re-reads its jobs, so a
+        # cancel/extend sent before it listened still applies), only to apply it at once;
+        # kept short so a reconnecting listener costs a job little.
+        self._subscribed.wait(0.1)
         remaining = entry.scope.remaining()
         if remaining is None:  # scope_options() on a scope without a deadline
             log.warning("job %r has no deadline: not published", entry.job)
