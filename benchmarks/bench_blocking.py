@@ -286,6 +286,20 @@ def _in_worker(fn: Callable[[], Any]) -> Any:
         return pool.submit(fn).result()
 
 
+def _measure_in_worker(
+    benchmark: BenchmarkFixture, run_trials: Callable[[], list[Optional[float]]]
+) -> tuple[list[Optional[float]], list[float]]:
+    """Run the trials once in a pool thread; record trials, not_interrupted, percentiles."""
+    results = benchmark.pedantic(lambda: _in_worker(run_trials), rounds=1, iterations=1)  # type: ignore[no-untyped-call]
+    overshoots = [r for r in results if r is not None]
+    info = benchmark.extra_info
+    info["trials"] = len(overshoots)
+    info["not_interrupted"] = len(results) - len(overshoots)
+    if overshoots:
+        info.update(percentiles(overshoots))
+    return results, overshoots
+
+
 @pytest.fixture
 def patched() -> Iterator[None]:
     patch()
@@ -308,12 +322,7 @@ def test_overshoot_patched(benchmark: BenchmarkFixture, patched: None,
         trial_timeoutcore(workload)  # warm-up
         return [trial_timeoutcore(workload) for _ in range(trials)]
 
-    results = benchmark.pedantic(lambda: _in_worker(run_trials), rounds=1, iterations=1)  # type: ignore[no-untyped-call]
-    overshoots = [r for r in results if r is not None]
-    info["trials"] = len(overshoots)
-    info["not_interrupted"] = len(results) - len(overshoots)
-    if overshoots:
-        info.update(percentiles(overshoots))
+    results, overshoots = _measure_in_worker(benchmark, run_trials)
     assert len(overshoots) == len(results)
 
 
@@ -392,12 +401,7 @@ def test_overshoot_recipes(benchmark: BenchmarkFixture, recipe: str,
     def run_trials() -> list[Optional[float]]:
         return [trial(workload) for _ in range(SLOW_TRIALS)]
 
-    results = benchmark.pedantic(lambda: _in_worker(run_trials), rounds=1, iterations=1)  # type: ignore[no-untyped-call]
-    overshoots = [r for r in results if r is not None]
-    info["trials"] = len(overshoots)
-    info["not_interrupted"] = len(results) - len(overshoots)
-    if overshoots:
-        info.update(percentiles(overshoots))
+    _, overshoots = _measure_in_worker(benchmark, run_trials)
     if recipe == "func_timeout":
         info["note"] = "the caller is released; the call runs on in an abandoned thread"
     elif overshoots and min(overshoots) > RESCUE_AFTER / 2:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import types
@@ -126,6 +127,15 @@ def no_leftover() -> Iterator[None]:
     """After the test, the calling thread has no active scope."""
     yield
     assert timeoutcore.current_scope() is None
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    """A pipe (read end, write end), closed after the test."""
+    r, w = os.pipe()
+    yield r, w
+    os.close(r)
+    os.close(w)
 
 
 @pytest.fixture(scope="session")

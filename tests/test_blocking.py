@@ -28,14 +28,6 @@ LIMIT = 0.05
 
 
 @pytest.fixture
-def pipe() -> Iterator[tuple[int, int]]:
-    r, w = os.pipe()
-    yield r, w
-    os.close(r)
-    os.close(w)
-
-
-@pytest.fixture
 def full_pipe() -> Iterator[tuple[int, int]]:
     r, w = os.pipe()
     os.set_blocking(w, False)

@@ -150,14 +150,6 @@ def sockpair() -> Iterator[tuple[socket.socket, socket.socket]]:
 
 
 @pytest.fixture
-def pipe() -> Iterator[tuple[int, int]]:
-    r, w = os.pipe()
-    yield r, w
-    os.close(r)
-    os.close(w)
-
-
-@pytest.fixture
 def listener() -> Iterator[socket.socket]:
     srv = socket.create_server(("127.0.0.1", 0))
     yield srv
