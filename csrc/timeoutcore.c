@@ -1768,6 +1768,18 @@ static PyObject *mod_remaining(PyObject *m, PyObject *unused)
     return PyFloat_FromDouble(r > 0 ? (double)r / 1e9 : 0.0);
 }
 
+/* current_deadline(): this thread's effective (earliest) deadline as a
+ * time.monotonic() value, or None when no scope with a deadline is active. */
+static PyObject *mod_current_deadline(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    tc_slot *s = t_slot;
+    if (s == NULL || s->top == NULL)
+        Py_RETURN_NONE;
+    return ns_to_float(atomic_load(&s->deadline));
+}
+
 static PyObject *mod_current(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -1904,6 +1916,8 @@ static PyMethodDef mod_methods[] = {
      "checkpoint(): raise here if this thread's deadline has passed; else None."},
     {"remaining", mod_remaining, METH_NOARGS,
      "Seconds left before this thread's earliest deadline, or None when unguarded."},
+    {"current_deadline", mod_current_deadline, METH_NOARGS,
+     "This thread's earliest deadline as a time.monotonic() value, or None."},
     {"current_scope", mod_current, METH_NOARGS,
      "The innermost active scope of this thread, or None."},
     {"shield", mod_shield, METH_NOARGS,
