@@ -13,7 +13,10 @@
  *     PyThreadState.exc_info->exc_value chain (3.11+): the watchdog, with the
  *     GIL, to see whether an interrupt is being raised or handled in a thread
  *     before it re-injects (tc_interrupt_in_flight).
- * Private functions: _PyEval_Get/SetSwitchInterval (3.11 only, see below).
+ *   - PyThreadState.c_tracefunc / c_traceobj (3.11): the delivery hook, with
+ *     the GIL, to chain to and restore the thread's own tracer.
+ * Private functions: _PyEval_Get/SetSwitchInterval and _PyEval_SetTrace
+ * (3.11 only, see below).
  */
 #ifndef TC_COMPAT_H
 #define TC_COMPAT_H
@@ -103,6 +106,89 @@ static inline PyThreadState *tc_find_tstate(unsigned long ident)
         if (t->thread_id == ident)
             return t;
     return NULL;
+}
+
+/* -- The delivery hook: how a fired interrupt reaches a line boundary -------
+ * The interrupt is raised by a hook that runs in the guarded thread at its
+ * next line boundary (tc_deliver.c), armed only while a delivery is pending.
+ *   3.11: a C trace function set on that one thread state with
+ *     _PyEval_SetTrace (exported there), chained to the thread's own tracer.
+ *     Tracing is per thread in 3.11: other threads pay nothing.
+ *   3.12+: legacy tracing became a layer over sys.monitoring (PEP 669) and
+ *     _PyEval_SetTrace is no longer exported from 3.13, so the hook is a
+ *     sys.monitoring tool of its own (LINE and backward JUMP events).  Events
+ *     are interpreter-wide: while any delivery is pending every thread runs
+ *     instrumented code and calls the callback, which returns at once when
+ *     its own thread has nothing pending.
+ * Private fields read: PyThreadState.c_tracefunc / c_traceobj (3.11). */
+#if PY_VERSION_HEX < 0x030C0000
+#define TC_HOOK_TRACE 1
+#else
+#define TC_HOOK_TRACE 0
+#endif
+
+/* -- Instructions where raising would skip a with-exit ----------------------
+ * A line boundary is a safe place to raise, except two kinds of line starts
+ * that belong to a with statement's exit: the normal exit's call of
+ * __exit__(None, None, None) (LOAD_CONST None x3, then PRECALL (3.11) or
+ * CALL), which lies outside the with's exception-table range, and the first
+ * instruction of an exception handler (PUSH_EXC_INFO), where raising skips
+ * the handler -- a with's __exit__, a finally body (3.11-3.14 alike;
+ * measured: tests/test_integrity.py).  Read from the deoptimised bytecode
+ * (PyCode_GetCode) at the frame's current offset (PyFrame_GetLasti). */
+#include "opcode.h"
+
+static inline int tc_at_with_exit(PyFrameObject *f)
+{
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *bytes = PyCode_GetCode(code);
+    int lasti = PyFrame_GetLasti(f), r = 0;
+    if (bytes != NULL && lasti >= 0 && lasti + 7 < PyBytes_GET_SIZE(bytes)) {
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(bytes) + lasti;
+        if (b[0] == PUSH_EXC_INFO)
+            r = 1;
+        else if (b[0] == LOAD_CONST && b[2] == LOAD_CONST && b[4] == LOAD_CONST &&
+#ifdef PRECALL
+                 (b[6] == PRECALL || b[6] == CALL) &&
+#else
+                 b[6] == CALL &&
+#endif
+                 b[1] < PyTuple_GET_SIZE(code->co_consts) &&
+                 PyTuple_GET_ITEM(code->co_consts, b[1]) == Py_None)
+            r = 1;
+    }
+    if (bytes == NULL)
+        PyErr_Clear();
+    Py_XDECREF(bytes);
+    Py_DECREF(code);
+    return r;
+}
+
+/* 3.14 compiles `with cm:` as LOAD_SPECIAL __enter__; CALL 0, and checks the
+ * eval breaker in that CALL, before the block's handler exists: an
+ * asynchronous exception raised there leaves __enter__'s work (a taken lock)
+ * without its __exit__ (gh-148874, fixed in 3.15).  1 if frame `f` is at
+ * such a CALL (paused in __enter__, or just back from it). */
+static inline int tc_in_with_enter_gap(PyFrameObject *f)
+{
+#if PY_VERSION_HEX >= 0x030E0000 && PY_VERSION_HEX < 0x030F0000
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *bytes = PyCode_GetCode(code);
+    int lasti = PyFrame_GetLasti(f), r = 0;
+    if (bytes != NULL && lasti >= 2 && lasti + 1 < PyBytes_GET_SIZE(bytes)) {
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(bytes) + lasti;
+        /* LOAD_SPECIAL oparg 0 is __enter__, 2 is __aenter__; it has no cache */
+        r = b[0] == CALL && b[-2] == LOAD_SPECIAL && (b[-1] == 0 || b[-1] == 2);
+    }
+    if (bytes == NULL)
+        PyErr_Clear();
+    Py_XDECREF(bytes);
+    Py_DECREF(code);
+    return r;
+#else
+    (void)f;
+    return 0;
+#endif
 }
 
 #endif /* TC_COMPAT_H */

@@ -108,6 +108,22 @@ typedef struct tc_slot {
     PyObject *top;                 /* innermost active scope (strong ref)  */
     PyObject *fired;               /* scope whose deadline fired (borrowed:
                                       it is on the stack while set)        */
+
+    /* Delivery (tc_deliver.c), GIL only: written by whoever delivers (the
+     * watchdog, _raise_in_scope's caller) and by the owner at the safe
+     * point or when it takes the delivery back. */
+    PyObject *pending;             /* exception class to raise at the next
+                                      safe line boundary, or NULL (strong) */
+    PyObject *pending_scope;       /* the scope it is for (borrowed: on the
+                                      stack while set)                     */
+    int hooked;                    /* the delivery hook is armed for it    */
+    int async_pending;             /* fallback: raised with SetAsyncExc    */
+    int64_t deferred_since;        /* first time the hook found protected
+                                      code on the stack, 0 if not yet      */
+#if TC_HOOK_TRACE
+    Py_tracefunc prev_trace;       /* the thread's own tracer, chained    */
+    PyObject *prev_traceobj;       /* (strong)                            */
+#endif
 } tc_slot;
 
 /* -- Scope: the object behind `with thread_deadline(...)` -------------------- */
@@ -134,9 +150,12 @@ typedef struct Scope {
     unsigned long ident;   /* threading.get_ident() of the entering thread */
     PyObject *hook;        /* hook(scope, "enter"|"exit", exc) or NULL     */
     PyObject *exit_exc;    /* the exception the block ended with, or NULL  */
-#if TC_TRACK_FRAMES
-    PyObject *frame;       /* frame of the with statement, while active    */
-#endif
+    PyObject *frame;       /* frame of the with statement, while active:
+                              the bound of the protected-code check, and
+                              on 3.13 how stale scopes are found          */
+    int64_t delivered_at;  /* ns when the interrupt surfaced in the body  */
+    int64_t deferred_ns;   /* time its delivery waited for protected code */
+    PyObject *deferred_where; /* "file:line in function" that held it     */
 } Scope;
 
 static inline Scope *as_scope(PyObject *o) { return (Scope *)o; }

@@ -234,7 +234,7 @@ static PyObject *mod_raise_in_scope(PyObject *m, PyObject *args)
         Py_RETURN_FALSE; /* its thread is gone (a stale scope) */
     sc->soft_pending = 1;
     atomic_fetch_add(&s->raised, 1);
-    slot_inject(s, exc);
+    slot_inject(s, exc, scope);
     Py_RETURN_TRUE;
 }
 
@@ -262,6 +262,66 @@ static PyObject *mod_shutdown(PyObject *m, PyObject *unused)
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     Py_RETURN_NONE;
+}
+
+/* _setup_delivery() -> "trace" | "monitoring": arm the safe-delivery hook
+ * (tc_deliver.c).  On failure raises, and delivery stays asynchronous. */
+static PyObject *mod_setup_delivery(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    if (g_hook_mode != HOOK_NONE)
+        return PyUnicode_FromString(g_hook_mode == HOOK_TRACE ? "trace" : "monitoring");
+    if (g_name_key == NULL && (g_name_key = PyUnicode_InternFromString("__name__")) == NULL)
+        return NULL;
+    if (g_prot_cache == NULL && (g_prot_cache = PyDict_New()) == NULL)
+        return NULL;
+    if (g_prot_names == NULL && (g_prot_names = PyTuple_New(0)) == NULL)
+        return NULL;
+    if (hook_setup() < 0)
+        return NULL;
+    g_hook_mode = TC_HOOK_TRACE ? HOOK_TRACE : HOOK_MONITORING;
+    return PyUnicode_FromString(g_hook_mode == HOOK_TRACE ? "trace" : "monitoring");
+}
+
+/* _set_protection(names, codes): protected modules (a tuple of str: each a
+ * module, its submodules included) and code objects (a set, or None). */
+static PyObject *mod_set_protection(PyObject *m, PyObject *args)
+{
+    PyObject *names, *codes;
+    (void)m;
+    if (!PyArg_ParseTuple(args, "O!O:_set_protection", &PyTuple_Type, &names, &codes))
+        return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++)
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(names, i))) {
+            PyErr_SetString(PyExc_TypeError, "_set_protection(): names must be str");
+            return NULL;
+        }
+    if (codes != Py_None && !PyAnySet_Check(codes)) {
+        PyErr_SetString(PyExc_TypeError, "_set_protection(): codes must be a set or None");
+        return NULL;
+    }
+    if (g_prot_cache == NULL && (g_prot_cache = PyDict_New()) == NULL)
+        return NULL;
+    Py_INCREF(names);
+    Py_XSETREF(g_prot_names, names);
+    if (codes == Py_None)
+        Py_CLEAR(g_prot_codes);
+    else {
+        Py_INCREF(codes);
+        Py_XSETREF(g_prot_codes, codes);
+    }
+    PyDict_Clear(g_prot_cache);
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_delivery_mode(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyUnicode_FromString(g_hook_mode == HOOK_TRACE        ? "trace"
+                                : g_hook_mode == HOOK_MONITORING ? "monitoring"
+                                                                 : "async");
 }
 
 /* _anticipation() -> (lead, switch) in seconds: how long before a deadline
@@ -316,6 +376,12 @@ static PyMethodDef mod_methods[] = {
     {"_raise_in_scope", mod_raise_in_scope, METH_VARARGS,
      "Raise an exception class in the thread running an active scope."},
     {"_shutdown", mod_shutdown, METH_NOARGS, "Stop and join the watchdog."},
+    {"_setup_delivery", mod_setup_delivery, METH_NOARGS,
+     "Arm the safe-delivery hook; returns 'trace' or 'monitoring'."},
+    {"_set_protection", mod_set_protection, METH_VARARGS,
+     "Protected modules (tuple of str) and code objects (set or None)."},
+    {"_delivery_mode", mod_delivery_mode, METH_NOARGS,
+     "'trace' or 'monitoring' (safe delivery), or 'async' (fallback)."},
     {"_anticipation", mod_anticipation, METH_NOARGS,
      "(lead, switch interval) in seconds, as the watchdog plans with them."},
     {"_watchdog_running", mod_watchdog_running, METH_NOARGS, "Whether the watchdog runs."},

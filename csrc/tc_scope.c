@@ -152,9 +152,8 @@ static int Scope_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(as_scope(self)->parent);
     Py_VISIT(as_scope(self)->hook);
     Py_VISIT(as_scope(self)->exit_exc);
-#if TC_TRACK_FRAMES
     Py_VISIT(as_scope(self)->frame);
-#endif
+    Py_VISIT(as_scope(self)->deferred_where);
     Py_VISIT(Py_TYPE(self));
     return 0;
 }
@@ -165,9 +164,8 @@ static int Scope_clear(PyObject *self)
     Py_CLEAR(as_scope(self)->parent);
     Py_CLEAR(as_scope(self)->hook);
     Py_CLEAR(as_scope(self)->exit_exc);
-#if TC_TRACK_FRAMES
     Py_CLEAR(as_scope(self)->frame);
-#endif
+    Py_CLEAR(as_scope(self)->deferred_where);
     return 0;
 }
 
@@ -212,20 +210,20 @@ static PyObject *Scope_enter(PyObject *self, PyObject *unused)
     s = t_slot;
     if (s == NULL && (s = slot_get()) == NULL)
         return NULL;
-#if TC_TRACK_FRAMES
     {
-        PyFrameObject *f = PyEval_GetFrame();
+        PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+#if TC_TRACK_FRAMES
         if (s->top != NULL) {
             Py_XINCREF(f);
             if (slot_prune_stale(s, f))
                 slot_publish(s);
         }
+#endif
         Py_XINCREF(f);
         Py_XSETREF(sc->frame, (PyObject *)f);
     }
-#endif
     if (s->top != NULL && atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL &&
-        PyErr_Occurred() == NULL) {
+        s->pending == NULL && PyErr_Occurred() == NULL) {
         /* An enclosing scope has fired and the body carried on (it swallowed
          * the interrupt).  Nothing new may start inside it: raise again. */
         return slot_raise_here(s);
@@ -343,9 +341,7 @@ static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
     sc->state = SCOPE_DONE;
     sc->exited = now;
     sc->slot = NULL;
-#if TC_TRACK_FRAMES
     Py_CLEAR(sc->frame); /* no finalizer can run: the with statement holds it */
-#endif
     if (s->fired == self) {
         claimed = 1;
         slot_claim(s);
@@ -358,7 +354,8 @@ static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
          * must not land after it.  (A pending interrupt of an enclosing scope
          * cleared with it is raised again by the watchdog.) */
         sc->soft_pending = 0;
-        slot_take_back(s);
+        if (s->pending_scope == self || s->async_pending)
+            slot_take_back(s);
     }
     slot_publish(s);
     if (nargs > 1 && args[1] != Py_None) {
@@ -494,6 +491,32 @@ static PyObject *Scope_get_overshoot(PyObject *self, void *c)
     return PyFloat_FromDouble(o > 0 ? (double)o / TC_NS_PER_S_F : 0.0);
 }
 
+static PyObject *Scope_get_deferred(PyObject *self, void *c)
+{
+    (void)c;
+    if (!as_scope(self)->expired)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble((double)as_scope(self)->deferred_ns / TC_NS_PER_S_F);
+}
+
+static PyObject *Scope_get_deferred_where(PyObject *self, void *c)
+{
+    (void)c;
+    PyObject *w = as_scope(self)->deferred_where;
+    if (w == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(w);
+    return w;
+}
+
+static PyObject *Scope_get_delivered_at(PyObject *self, void *c)
+{
+    (void)c;
+    if (as_scope(self)->delivered_at == 0)
+        Py_RETURN_NONE;
+    return ns_to_float(as_scope(self)->delivered_at);
+}
+
 static PyObject *Scope_get_fired_at(PyObject *self, void *c)
 {
     (void)c;
@@ -613,6 +636,15 @@ static PyGetSetDef Scope_getset[] = {
     {"fired_at", Scope_get_fired_at, NULL,
      "time.monotonic() when the interrupt was raised, or None.", NULL},
     {"entered_at", Scope_get_entered_at, NULL, "time.monotonic() at entry, or None.", NULL},
+    {"deferred", Scope_get_deferred, NULL,
+     "Seconds the interrupt waited for the thread to leave protected code (0.0 if it "
+     "never had to), or None if the deadline did not fire.", NULL},
+    {"deferred_where", Scope_get_deferred_where, NULL,
+     "'file:line in function' of the protected code that first held the interrupt, or "
+     "None.", NULL},
+    {"delivered_at", Scope_get_delivered_at, NULL,
+     "time.monotonic() when the interrupt surfaced inside the block, or None (it never "
+     "did: the block ended first, or it was raised at an explicit point).", NULL},
     {"exited_at", Scope_get_exited_at, NULL, "time.monotonic() at exit, or None.", NULL},
     {"active", Scope_get_active, NULL, "True between enter and exit.", NULL},
     {"used", Scope_get_used, NULL, "True once entered.", NULL},

@@ -2,17 +2,18 @@
  * tc_slot.c -- per-thread slots, their scope stacks, and the delivery state
  * machine.  Part of the unity build (timeoutcore.c).
  *
- * Delivery, one named function per step; nothing else in the core calls
- * PyThreadState_SetAsyncExc:
+ * Delivery, one named function per step (the safe point itself is
+ * tc_deliver.c's; nothing outside these two files raises into a thread):
  *   slot_fire        a due scope fires: mark it, INJECTED, then raise here
  *                    (owner thread) or slot_inject (another thread);
- *   slot_inject      raise the interrupt asynchronously, wake the thread's
- *                    sleep, then kick it with the signal ("inject first,
- *                    then kick": the watchdog holds the GIL, so the thread
- *                    meets the pending exception as soon as it runs);
- *   slot_reinject    the body swallowed it: raise it again, unless it is
- *                    being raised or handled right now;
- *   slot_take_back   withdraw an injected interrupt not consumed yet (the
+ *   slot_inject      send it: pending until the thread's next safe line
+ *                    boundary (deliver_async), wake the thread's sleep, then
+ *                    kick it with the signal ("inject first, then kick": the
+ *                    deliverer holds the GIL, so the thread meets the pending
+ *                    interrupt as soon as it runs);
+ *   slot_reinject    the body swallowed it: send it again, unless it is
+ *                    still pending, or being raised or handled right now;
+ *   slot_take_back   withdraw a sent interrupt that has not surfaced (the
  *                    block is ending, or a shield starts);
  *   slot_raise_here  raise synchronously in the owner thread, taking back a
  *                    pending copy first so it is never delivered twice;
@@ -63,9 +64,7 @@ static void scope_forget(Scope *sc)
     sc->slot = NULL;
     if (sc->exited == 0)
         sc->exited = now_ns();
-#if TC_TRACK_FRAMES
     Py_CLEAR(sc->frame); /* the stack still holds a reference: no finalizer */
-#endif
 }
 
 /* Drop every scope on the slot's stack (a previous owner's leftovers). */
@@ -102,17 +101,20 @@ static int stack_pop_stale_above(tc_slot *s, PyObject *target)
 
 /* -- Delivery state machine --------------------------------------------------- */
 
+/* Withdraw; the time it waited for protected code goes to the scope it was
+ * for. */
 static void slot_take_back(tc_slot *s)
 {
-    /* Only called when an interrupt (or a soft-limit exception) was injected:
-     * clearing with nothing pending would leave the eval breaker tripped
-     * until a real async exception is consumed (a measurable slowdown). */
-    PyThreadState_SetAsyncExc(s->ident, NULL);
+    PyObject *scope = s->pending_scope;
+    int64_t deferred = deliver_cancel(s);
+    if (scope != NULL)
+        as_scope(scope)->deferred_ns += deferred;
 }
 
-static void slot_inject(tc_slot *s, PyObject *exc)
+static void slot_inject(tc_slot *s, PyObject *exc, PyObject *scope)
 {
-    PyThreadState_SetAsyncExc(s->ident, exc);
+    if (!deliver_async(s, exc, scope))
+        return; /* its thread is gone */
     atomic_fetch_add(&s->wake, 1);
     futex_wake_all(&s->wake);
     kick(s);
@@ -121,8 +123,7 @@ static void slot_inject(tc_slot *s, PyObject *exc)
 /* Raise the interrupt synchronously; the caller returns NULL. */
 static PyObject *slot_raise_here(tc_slot *s)
 {
-    if (atomic_load(&s->state) == SLOT_INJECTED)
-        slot_take_back(s);
+    slot_take_back(s);
     PyErr_SetNone(g_interrupt);
     return NULL;
 }
@@ -147,7 +148,7 @@ static int slot_fire(tc_slot *s, int64_t now, int local)
     if (local)
         slot_raise_here(s);
     else
-        slot_inject(s, g_interrupt);
+        slot_inject(s, g_interrupt, s->fired);
     return 1;
 }
 
@@ -168,11 +169,16 @@ static void slot_reinject(tc_slot *s, int64_t now)
     if (s->reinject_step < TC_REINJECT_MAX_NS)
         s->reinject_step *= 2;
     atomic_store(&s->reinject_at, now + s->reinject_step);
+    if (s->pending != NULL) {
+        /* not swallowed: still waiting for a safe point */
+        deliver_backstop(s);
+        return;
+    }
     t = tc_find_tstate(s->ident);
     if (t == NULL || interrupt_in_flight(t))
         return;
     STAT_INC(reinjections);
-    slot_inject(s, g_interrupt);
+    slot_inject(s, g_interrupt, s->fired);
 }
 
 static void slot_claim(tc_slot *s)
@@ -340,6 +346,7 @@ static tc_slot *slot_get(void)
     STAT_INC(slots_live);
     pthread_mutex_unlock(&g_mu);
     stack_clear(s); /* leftovers of a previous owner, if any */
+    (void)deliver_cancel(s);
     if ((err = pthread_setspecific(g_key, s)) != 0) {
         slot_release(s);
         errno = err;

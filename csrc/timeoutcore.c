@@ -6,6 +6,8 @@
  * tc_internal.h; every CPython-version switch in tc_compat.h.
  *
  *   tc_os.c        clock, futex, signal handler, per-thread timers, kick
+ *   tc_deliver.c   safe delivery: the hook that raises at a line boundary
+ *                  outside protected code
  *   tc_slot.c      slots, scope stacks, the delivery state machine
  *   tc_watchdog.c  schedule, GIL anticipation, the fire-time sweep
  *   tc_scope.c     the Scope type (enter/exit keep the GIL)
@@ -17,6 +19,7 @@
 #include "tc_internal.h"
 
 #include "tc_os.c"
+#include "tc_deliver.c"
 #include "tc_slot.c"
 #include "tc_watchdog.c"
 #include "tc_scope.c"

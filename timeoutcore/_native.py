@@ -65,3 +65,28 @@ def bench_timer_pair(n: int) -> None:
     err = lib.tc_bench_timer_pair(n)
     if err:
         raise OSError(err, os.strerror(err))
+
+
+def _set_protection(names: tuple[str, ...], codes: "set[object] | None") -> None:
+    core._set_protection(names, codes)
+
+
+# Safe delivery (csrc/tc_deliver.c): interrupts surface at a line boundary outside protected
+# code. If the hook cannot be set up (sys.monitoring has no free tool id), delivery falls
+# back to plain asynchronous exceptions, and says so once.
+try:
+    DELIVERY: str = core._setup_delivery()
+except Exception as _exc:  # noqa: BLE001 - reported, then the engine works unsafely
+    import warnings as _warnings
+
+    DELIVERY = "async"
+    _warnings.warn(
+        f"timeoutcore: safe delivery is off ({_exc}); deadline interrupts may land inside "
+        "the standard library's critical sections",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+else:
+    from . import protect as _protect
+
+    _protect._install(_set_protection)

@@ -1,0 +1,444 @@
+/*
+ * tc_deliver.c -- safe delivery: where a fired interrupt surfaces.  Part of
+ * the unity build (timeoutcore.c).
+ *
+ * Why: an asynchronous exception surfaces at the guarded thread's next
+ * eval-breaker check, wherever that is -- inside logging.Handler.acquire()
+ * just after the lock was taken, in Condition.__enter__, half-way through
+ * Queue or Future bookkeeping -- and leaves a lock held or an invariant
+ * broken for the whole process (bpo-29988: CPython will not make that safe
+ * in general).  So the interrupt is not raised by PyThreadState_SetAsyncExc.
+ * The deliverer (the watchdog, with the GIL) stores it in the slot as
+ * *pending* and arms a hook that runs IN THE GUARDED THREAD at its next line
+ * boundary (tc_compat.h: a per-thread C tracer on 3.11, a sys.monitoring
+ * tool on 3.12+).  There the decision is taken at the moment of delivery:
+ * if any frame from the innermost up to (not including) the frame of the
+ * scope's with statement runs protected code, the interrupt waits for the
+ * next line boundary; otherwise the hook disarms itself and raises it there,
+ * as if the line had raised it.  A line boundary is also never inside a
+ * `with` statement's own set-up, so the 3.14 gap between __enter__ and the
+ * block's handler (gh-148874) is never hit.
+ *
+ * Protected code: modules named by the Python layer (_set_protection: a
+ * module and its submodules, by the frame's __name__) and code objects the
+ * user protected.  A scope whose frame is not on the stack (a generator that
+ * yielded inside its with) is judged by the innermost frame alone.
+ *
+ * Explicit raise points -- timeoutcore.sleep(), checkpoint(), a shield's
+ * exit, a scope's enter or exit -- still raise synchronously: they are where
+ * the caller asked for it.  Without a hook (set-up failed, or sys.monitoring
+ * had no free tool id) delivery falls back to PyThreadState_SetAsyncExc.
+ * All of this runs with the GIL.
+ */
+
+enum { HOOK_NONE = 0, HOOK_TRACE = 1, HOOK_MONITORING = 2 };
+
+static int g_hook_mode = HOOK_NONE;  /* set by _setup_delivery              */
+static PyObject *g_prot_names;       /* tuple of str: protected modules     */
+static PyObject *g_prot_codes;       /* set of code objects, or NULL        */
+static PyObject *g_prot_cache;       /* dict: code -> True/False            */
+static PyObject *g_name_key;         /* interned "__name__"                 */
+#define TC_PROT_CACHE_MAX 20000      /* entries before the cache is cleared */
+
+/* -- Protected code ---------------------------------------------------------- */
+
+static int name_protected(PyObject *name)
+{
+    Py_ssize_t n = g_prot_names != NULL ? PyTuple_GET_SIZE(g_prot_names) : 0;
+    Py_ssize_t ln = PyUnicode_GET_LENGTH(name);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *p = PyTuple_GET_ITEM(g_prot_names, i);
+        Py_ssize_t lp = PyUnicode_GET_LENGTH(p);
+        if (ln < lp || PyUnicode_Tailmatch(name, p, 0, lp, -1) != 1)
+            continue;
+        if (ln == lp || PyUnicode_READ_CHAR(name, lp) == '.')
+            return 1;
+    }
+    return 0;
+}
+
+/* Does frame `f` run protected code?  Cached per code object. */
+static int frame_protected(PyFrameObject *f)
+{
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *hit = PyDict_GetItemWithError(g_prot_cache, (PyObject *)code);
+    int r = 0;
+    if (hit != NULL) {
+        r = hit == Py_True;
+        Py_DECREF(code);
+        return r;
+    }
+    PyErr_Clear();
+    if (g_prot_codes != NULL && PySet_Contains(g_prot_codes, (PyObject *)code) == 1)
+        r = 1;
+    else {
+        PyObject *globals = PyFrame_GetGlobals(f);
+        PyObject *name = globals != NULL ? PyDict_GetItemWithError(globals, g_name_key) : NULL;
+        if (name != NULL && PyUnicode_Check(name))
+            r = name_protected(name);
+        Py_XDECREF(globals);
+    }
+    PyErr_Clear();
+    if (PyDict_GET_SIZE(g_prot_cache) >= TC_PROT_CACHE_MAX)
+        PyDict_Clear(g_prot_cache);
+    if (PyDict_SetItem(g_prot_cache, (PyObject *)code, r ? Py_True : Py_False) < 0)
+        PyErr_Clear();
+    Py_DECREF(code);
+    return r;
+}
+
+/* "file:line in function" for a frame (new reference, or NULL). */
+static PyObject *frame_where(PyFrameObject *f)
+{
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *s = PyUnicode_FromFormat("%U:%d in %U", code->co_filename,
+                                       PyFrame_GetLineNumber(f), code->co_qualname);
+    Py_DECREF(code);
+    if (s == NULL)
+        PyErr_Clear();
+    return s;
+}
+
+/* Is protected code running between `cur` (the innermost frame, a new
+ * reference, consumed) and `scope_frame` (exclusive)?  On 1, *where (if not
+ * NULL and still NULL) gets the outermost protected frame's description. */
+static int stack_protected(PyFrameObject *cur, PyObject *scope_frame, PyObject **where)
+{
+    PyFrameObject *outer = NULL; /* outermost protected, strong */
+    int innermost, found = 0;
+    if (cur == NULL)
+        return 0;
+    innermost = frame_protected(cur);
+    while (cur != NULL) {
+        PyFrameObject *back;
+        if ((PyObject *)cur == scope_frame) {
+            found = 1;
+            break;
+        }
+        if (frame_protected(cur)) {
+            Py_INCREF(cur);
+            Py_XSETREF(outer, cur);
+        }
+        back = PyFrame_GetBack(cur);
+        Py_DECREF(cur);
+        cur = back;
+    }
+    Py_XDECREF(cur);
+    int r = found ? outer != NULL : innermost;
+    if (r && where != NULL && *where == NULL && outer != NULL)
+        *where = frame_where(outer);
+    Py_XDECREF(outer);
+    return r;
+}
+
+/* -- The hook: per-thread tracer (3.11) or sys.monitoring tool (3.12+) ---------- */
+
+static int deliver_here(tc_slot *s);
+
+#if TC_HOOK_TRACE
+static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
+{
+    tc_slot *s = t_slot;
+    (void)obj;
+    if (s == NULL)
+        return 0;
+    if (s->prev_trace != NULL && s->prev_trace(s->prev_traceobj, frame, what, arg) != 0)
+        return -1; /* the thread's own tracer raised */
+    if (what == PyTrace_LINE && s->pending != NULL)
+        return deliver_here(s);
+    return 0;
+}
+
+static int hook_arm(tc_slot *s, PyThreadState *t)
+{
+    if (s->hooked)
+        return 0;
+    if (t->c_tracefunc == trace_cb)
+        return -1; /* inconsistent: never chain to ourselves */
+    s->prev_trace = t->c_tracefunc;
+    s->prev_traceobj = t->c_traceobj;
+    Py_XINCREF(s->prev_traceobj);
+    if (_PyEval_SetTrace(t, trace_cb, NULL) < 0) {
+        PyErr_Clear();
+        s->prev_trace = NULL;
+        Py_CLEAR(s->prev_traceobj);
+        return -1;
+    }
+    s->hooked = 1;
+    return 0;
+}
+
+static void hook_disarm(tc_slot *s, PyThreadState *t)
+{
+    if (!s->hooked)
+        return;
+    s->hooked = 0;
+    /* If the thread replaced our tracer meanwhile (sys.settrace), theirs
+     * stays; else the one we found is put back. */
+    if (t != NULL && t->c_tracefunc == trace_cb &&
+        _PyEval_SetTrace(t, s->prev_trace, s->prev_traceobj) < 0)
+        PyErr_Clear();
+    s->prev_trace = NULL;
+    Py_CLEAR(s->prev_traceobj);
+}
+
+static int hook_setup(void) { return 0; }
+
+#else /* sys.monitoring */
+
+static PyObject *g_set_events;       /* sys.monitoring.set_events          */
+static int g_tool = -1;              /* our tool id                         */
+static long g_events;                /* LINE | JUMP                         */
+static int g_armed;                  /* threads with the hook armed         */
+
+static int set_events(long mask)
+{
+    PyObject *r = PyObject_CallFunction(g_set_events, "il", g_tool, mask);
+    if (r == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+static int hook_arm(tc_slot *s, PyThreadState *t)
+{
+    (void)t;
+    if (s->hooked)
+        return 0;
+    if (g_armed == 0 && set_events(g_events) < 0)
+        return -1;
+    g_armed++;
+    s->hooked = 1;
+    return 0;
+}
+
+static void hook_disarm(tc_slot *s, PyThreadState *t)
+{
+    (void)t;
+    if (!s->hooked)
+        return;
+    s->hooked = 0;
+    if (--g_armed == 0)
+        (void)set_events(0); /* on failure the events stay on: slower, not wrong */
+}
+
+/* LINE callback (code, line). */
+static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    tc_slot *s = t_slot;
+    (void)m;
+    (void)args;
+    (void)nargs;
+    if (s != NULL && s->pending != NULL && deliver_here(s) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* JUMP callback (code, from, to): a backward jump is a line boundary too
+ * (a one-line loop has no LINE event). */
+static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    tc_slot *s = t_slot;
+    (void)m;
+    if (s == NULL || s->pending == NULL || nargs < 3)
+        Py_RETURN_NONE;
+    long from = PyLong_AsLong(args[1]), to = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    if (to <= from && deliver_here(s) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef g_mon_line_def = {"_on_line", (PyCFunction)(void (*)(void))mon_line,
+                                     METH_FASTCALL, "timeoutcore delivery hook (LINE)."};
+static PyMethodDef g_mon_jump_def = {"_on_jump", (PyCFunction)(void (*)(void))mon_jump,
+                                     METH_FASTCALL, "timeoutcore delivery hook (JUMP)."};
+
+/* Claim a free sys.monitoring tool id and register the callbacks.  Returns
+ * 0, or -1 with an exception set. */
+static int hook_setup(void)
+{
+    static const int candidates[] = {4, 3};
+    PyObject *mon = NULL, *events = NULL, *cb = NULL, *r = NULL;
+    long line, jump;
+    int rc = -1;
+
+    mon = PyImport_ImportModule("sys");
+    if (mon != NULL)
+        Py_SETREF(mon, PyObject_GetAttrString(mon, "monitoring"));
+    if (mon == NULL || (events = PyObject_GetAttrString(mon, "events")) == NULL)
+        goto done;
+    if ((r = PyObject_GetAttrString(events, "LINE")) == NULL)
+        goto done;
+    line = PyLong_AsLong(r);
+    Py_SETREF(r, PyObject_GetAttrString(events, "JUMP"));
+    if (r == NULL)
+        goto done;
+    jump = PyLong_AsLong(r);
+    Py_CLEAR(r);
+    for (size_t i = 0; i < sizeof candidates / sizeof candidates[0] && g_tool < 0; i++) {
+        r = PyObject_CallMethod(mon, "get_tool", "i", candidates[i]);
+        if (r == NULL)
+            goto done;
+        if (r == Py_None) {
+            Py_SETREF(r, PyObject_CallMethod(mon, "use_tool_id", "is", candidates[i],
+                                             "timeoutcore"));
+            if (r == NULL)
+                goto done;
+            g_tool = candidates[i];
+        }
+        Py_CLEAR(r);
+    }
+    if (g_tool < 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "sys.monitoring tool ids 3 and 4 are both in use by other tools");
+        goto done;
+    }
+    if ((cb = PyCFunction_New(&g_mon_line_def, NULL)) == NULL)
+        goto done;
+    if ((r = PyObject_CallMethod(mon, "register_callback", "ilO", g_tool, line, cb)) == NULL)
+        goto done;
+    Py_CLEAR(r);
+    Py_SETREF(cb, PyCFunction_New(&g_mon_jump_def, NULL));
+    if (cb == NULL)
+        goto done;
+    if ((r = PyObject_CallMethod(mon, "register_callback", "ilO", g_tool, jump, cb)) == NULL)
+        goto done;
+    if ((g_set_events = PyObject_GetAttrString(mon, "set_events")) == NULL)
+        goto done;
+    g_events = line | jump;
+    rc = 0;
+done:
+    Py_XDECREF(r);
+    Py_XDECREF(cb);
+    Py_XDECREF(events);
+    Py_XDECREF(mon);
+    return rc;
+}
+#endif
+
+/* -- Delivery steps ------------------------------------------------------------ */
+
+/* In the guarded thread, at a line boundary, with something pending: raise
+ * it unless protected code is on the stack.  Returns -1 with the exception
+ * set when it raised, else 0. */
+static int deliver_here(tc_slot *s)
+{
+    PyObject *scope = s->pending_scope, *where = NULL, *exc;
+    int64_t now;
+    if (atomic_load(&s->shield) > 0)
+        return 0; /* the shield's exit delivers */
+    PyFrameObject *cur = PyEval_GetFrame(); /* borrowed */
+    PyThreadState *me = PyThreadState_Get();
+    if (cur == NULL || tc_at_with_exit(cur))
+        return 0; /* the next line boundary will do */
+    if (tc_raising(me, g_interrupt) || tc_handling(me, g_interrupt))
+        return 0; /* already on its way out; if swallowed, this one follows */
+    now = now_ns();
+    Py_INCREF(cur);
+    if (stack_protected(cur, scope != NULL ? as_scope(scope)->frame : NULL,
+                        s->deferred_since == 0 ? &where : NULL)) {
+        if (s->deferred_since == 0) {
+            s->deferred_since = now;
+            if (scope != NULL && where != NULL)
+                Py_XSETREF(as_scope(scope)->deferred_where, where);
+            else
+                Py_XDECREF(where);
+        }
+        return 0;
+    }
+    exc = s->pending;
+    s->pending = NULL;
+    s->pending_scope = NULL;
+    hook_disarm(s, me);
+    if (scope != NULL) {
+        if (s->deferred_since != 0)
+            as_scope(scope)->deferred_ns += now - s->deferred_since;
+        as_scope(scope)->delivered_at = now;
+    }
+    s->deferred_since = 0;
+    PyErr_SetNone(exc);
+    Py_DECREF(exc);
+    return -1;
+}
+
+/* The thread state of the slot's thread (GIL held), or NULL if it is gone. */
+static PyThreadState *slot_tstate(tc_slot *s)
+{
+    return s == t_slot ? PyThreadState_Get() : tc_find_tstate(s->ident);
+}
+
+/* Make `exc` (a class) surface in the slot's thread for `scope` at its next
+ * safe point.  A pending hard interrupt is never replaced by anything else.
+ * Returns 1 if delivery is under way, 0 if the thread is gone. */
+static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
+{
+    PyThreadState *t = slot_tstate(s);
+    if (t == NULL)
+        return 0;
+    if (g_hook_mode != HOOK_NONE) {
+        if (s->pending == g_interrupt && exc != g_interrupt)
+            return 1;
+        Py_INCREF(exc);
+        Py_XSETREF(s->pending, exc);
+        s->pending_scope = scope;
+        if (hook_arm(s, t) == 0)
+            return 1;
+        Py_CLEAR(s->pending); /* no hook: fall back below */
+        s->pending_scope = NULL;
+    }
+    PyThreadState_SetAsyncExc(s->ident, exc);
+    s->async_pending = 1;
+    return 1;
+}
+
+/* The watchdog's backstop (GIL held, the thread paused): a delivery still
+ * pending at a re-injection time although the thread's stack holds no
+ * protected code -- the thread runs no line boundaries (a one-instruction
+ * loop such as `while True: pass`, which 3.11 does not trace) or someone
+ * removed the hook.  Then the interrupt is also raised asynchronously; the
+ * hook stays armed, and whichever comes first delivers it. */
+static void deliver_backstop(tc_slot *s)
+{
+    PyThreadState *t;
+    PyObject *scope = s->pending_scope;
+    PyFrameObject *f;
+    int unsafe;
+    if (s->pending == NULL || s->async_pending || (t = tc_find_tstate(s->ident)) == NULL)
+        return;
+    if ((f = PyThreadState_GetFrame(t)) == NULL)
+        return;
+    unsafe = tc_in_with_enter_gap(f);
+    if (unsafe || stack_protected(f, scope != NULL ? as_scope(scope)->frame : NULL, NULL)) {
+        if (unsafe)
+            Py_DECREF(f);
+        return;
+    }
+    PyThreadState_SetAsyncExc(s->ident, s->pending);
+    s->async_pending = 1;
+}
+
+/* Withdraw what was sent and has not surfaced yet.  Returns the time it had
+ * been deferred (ns), for the scope's record. */
+static int64_t deliver_cancel(tc_slot *s)
+{
+    int64_t deferred = s->deferred_since != 0 ? now_ns() - s->deferred_since : 0;
+    if (s->pending != NULL || s->hooked) {
+        Py_CLEAR(s->pending);
+        s->pending_scope = NULL;
+        hook_disarm(s, slot_tstate(s));
+    }
+    s->deferred_since = 0;
+    if (s->async_pending) {
+        /* Only when something was raised this way: clearing with nothing
+         * pending would leave the eval breaker tripped. */
+        PyThreadState_SetAsyncExc(s->ident, NULL);
+        s->async_pending = 0;
+    }
+    return deferred;
+}
