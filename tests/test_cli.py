@@ -330,7 +330,7 @@ def test_bench_bad_input_fails_before_running(
         (["--hard", "-2", "--", "true"], "must be a positive finite number"),
         (["--hard", "soon", "--", "true"], "not a number"),
         (["--hard", "1", "--soft", "0", "--", "true"], "must be a positive finite number"),
-        (["--hard", "1", "--grace", "-1", "--", "true"], "must be a finite number >= 0"),
+        (["--hard", "1", "--grace", "-1", "--", "true"], "must be a non-negative finite number"),
     ],
 )
 def test_run_bad_usage_exits_125(tmp_path: Path, args: list[str], message: str) -> None:

@@ -22,6 +22,7 @@ import time
 import weakref
 from typing import Any, Literal, Optional
 
+from . import _validate
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
 _NEVER = math.inf
@@ -37,35 +38,6 @@ def _inject(ident: int, exc: type) -> None:
 
 def _clear(ident: int) -> None:
     _clear_async_exc(ident, None)
-
-
-def _check_seconds(value: Any, fn: str, arg: str, allow_zero: bool = False) -> float:
-    if value is None:
-        return math.nan
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"{fn}: {arg} must be a number of seconds (int or float) or None, "
-            f"not {type(value).__name__}"
-        )
-    v = float(value)
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        kind = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{fn}: {arg} must be a {kind} finite number of seconds, got {value!r}")
-    if v > 3.0e8:
-        raise ValueError(f"{fn}: {arg} is too large ({value!r} s; at most 3e8)")
-    return v
-
-
-def _check_when(value: Any, fn: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"{fn}: when must be a time.monotonic() value (int or float), "
-            f"not {type(value).__name__}"
-        )
-    v = float(value)
-    if not math.isfinite(v) or v < 0 or v > 9.0e9:
-        raise ValueError(f"{fn}: when must be a finite time.monotonic() value, got {value!r}")
-    return v
 
 
 class _ThreadState:
@@ -200,7 +172,8 @@ class Scope:
         deadline: Optional[float] = None,
         **extras: Any,
     ) -> None:
-        v = _check_seconds(seconds, "thread_deadline()", "seconds")
+        secs = _validate.seconds(seconds, "thread_deadline()", "seconds", allow_none=True)
+        v = math.nan if secs is None else secs
         if label is not None and not isinstance(label, str):
             raise TypeError(
                 f"thread_deadline(): label must be a str or None, not {type(label).__name__}"
@@ -211,7 +184,7 @@ class Scope:
         if deadline is not None:
             if not math.isnan(v):
                 raise TypeError("thread_deadline(): give either seconds or deadline, not both")
-            self._deadline = _check_when(deadline, "thread_deadline_at()")
+            self._deadline = _validate.monotonic(deadline, "thread_deadline_at()")
             self._has_deadline = True
         self._label = label
         self._raise = bool(raise_on_timeout)
@@ -311,7 +284,7 @@ class Scope:
         return None if self._deadline == _NEVER else self._deadline
 
     def reschedule(self, when: Optional[float]) -> None:
-        d = _NEVER if when is None else _check_when(when, "reschedule()")
+        d = _NEVER if when is None else _validate.monotonic(when, "reschedule()")
         if self._state == 2:
             raise RuntimeError("reschedule() on a scope that has exited")
         self._deadline = d
@@ -440,9 +413,9 @@ class Shield:
 
 def sleep(seconds: float) -> None:
     """Sleep like time.sleep, but end at this thread's deadline and raise there."""
-    secs = _check_seconds(seconds, "sleep()", "seconds", allow_zero=True)
-    if math.isnan(secs):
+    if seconds is None:  # as the C core: its own message for None
         raise TypeError("sleep(): seconds must be a number, not None")
+    secs = _validate.seconds(seconds, "sleep()", "seconds", allow_zero=True)
     st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
     target = time.monotonic() + secs
     if st is None:

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import math
 import os
 import select
 import socket
 import time
 from typing import Any, Callable, Optional, Tuple, TypeVar, Union
 
+from . import _validate
 from ._engine import ENGINE, core
 
 __all__ = [
@@ -76,13 +76,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _check_timeout(timeout: Optional[float], fn: str) -> None:
-    if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{fn}: timeout must be a number of seconds or None, not "
-                        f"{type(timeout).__name__}")
-    if not (timeout >= 0 and math.isfinite(timeout)):
-        raise ValueError(f"{fn}: timeout must be a non-negative finite number, got {timeout!r}")
+    _validate.seconds(timeout, fn, "timeout", allow_zero=True, allow_none=True, bounded=False)
 
 
 def bounded_wait(step: Step[T], timeout: Optional[float]) -> T:

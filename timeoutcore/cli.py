@@ -28,7 +28,7 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 
 import orjson
 
-from . import ENGINE, DeadlineExceeded, sleep, thread_deadline
+from . import ENGINE, DeadlineExceeded, _validate, sleep, thread_deadline
 
 PROG = "timeoutcore"
 
@@ -367,24 +367,23 @@ def run_command(args: argparse.Namespace) -> int:
 # --- parser ---------------------------------------------------------------------------------
 
 
-def _positive(text: str) -> float:
+def _seconds_arg(text: str, allow_zero: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number: {text!r}")
-    return value
+    try:
+        return _validate.seconds(value, PROG, "value", allow_zero=allow_zero)
+    except ValueError as exc:  # argparse names the option: keep "value must be ..."
+        raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+
+
+def _positive(text: str) -> float:
+    return _seconds_arg(text, allow_zero=False)
 
 
 def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
-    return value
+    return _seconds_arg(text, allow_zero=True)
 
 
 def _count(text: str) -> int:

@@ -6,14 +6,22 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from . import _validate
 
 ENV_PREFIX = "TIMEOUTCORE_POLICY__"
 
@@ -31,14 +39,9 @@ class DeadlinePolicy(BaseModel):
 
     @field_validator("hard", "soft")
     @classmethod
-    def _positive_finite(cls, value: Optional[float]) -> Optional[float]:
-        if value is None:
-            return None
-        if math.isnan(value) or math.isinf(value):
-            raise ValueError("must be a finite number of seconds (not NaN or infinity)")
-        if value <= 0:
-            raise ValueError("must be a positive number of seconds")
-        return value
+    def _seconds(cls, value: Optional[float], info: ValidationInfo) -> Optional[float]:
+        # after pydantic's own coercion (the environment gives strings such as "2.5")
+        return _validate.seconds(value, "DeadlinePolicy", str(info.field_name), allow_none=True)
 
     @model_validator(mode="after")
     def _soft_below_hard(self) -> DeadlinePolicy:

@@ -9,11 +9,10 @@ what is not on that path: the decorator form and ``repr``.
 from __future__ import annotations
 
 import functools
-import math
 import time
 from typing import Any, Callable, Optional, TypeVar
 
-from . import _hooks
+from . import _hooks, _validate
 from ._engine import core
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -43,12 +42,7 @@ class _ScopeMixin:
         result_log = extras.get("result_log")
         observer = extras.get("observer")
         if soft is not None:
-            if isinstance(soft, bool) or not isinstance(soft, (int, float)):
-                raise TypeError(
-                    f"thread_deadline(): soft must be a number of seconds, not {type(soft).__name__}"
-                )
-            if not math.isfinite(soft) or soft <= 0:
-                raise ValueError(f"thread_deadline(): soft must be a positive finite number of seconds, got {soft!r}")
+            soft = _validate.seconds(soft, "thread_deadline()", "soft")
             hard = scope.limit
             if hard is None and scope.when() is None:
                 raise ValueError("thread_deadline(): soft needs a hard limit (seconds)")

@@ -16,7 +16,6 @@ a pydantic model serialised with orjson.
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 import select
 import signal
@@ -29,6 +28,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBytes, StrictInt, StrictStr
 from pydantic import field_validator, model_validator
 
+from . import _validate
 from .blocking import bounded_wait, original, wait_for
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_TAIL", "RunResult", "run"]
@@ -52,15 +52,11 @@ _Popen = _stdlib_subprocess.Popen
 # --- validation -------------------------------------------------------------------------
 
 
-def _seconds(value: Any, name: str, *, zero_ok: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if value < 0 or (value == 0 and not zero_ok):
-        raise ValueError(f"{name} must be {'non-negative' if zero_ok else 'positive'}, "
-                         f"got {value!r}")
-    return float(value)
+def _run_seconds(value: Any, arg: str, *, allow_zero: bool = False) -> float:
+    try:
+        return _validate.seconds(value, "run()", arg, allow_zero=allow_zero)
+    except TypeError as exc:  # pydantic reports ValueErrors only (as ValidationError)
+        raise ValueError(str(exc)) from None
 
 
 class _RunSpec(BaseModel):
@@ -97,17 +93,17 @@ class _RunSpec(BaseModel):
     @field_validator("hard", mode="before")
     @classmethod
     def _hard(cls, value: Any) -> float:
-        return _seconds(value, "hard")
+        return _run_seconds(value, "hard")
 
     @field_validator("soft", mode="before")
     @classmethod
     def _soft(cls, value: Any) -> Optional[float]:
-        return None if value is None else _seconds(value, "soft")
+        return None if value is None else _run_seconds(value, "soft")
 
     @field_validator("grace", mode="before")
     @classmethod
     def _grace(cls, value: Any) -> float:
-        return _seconds(value, "grace", zero_ok=True)
+        return _run_seconds(value, "grace", allow_zero=True)
 
     @model_validator(mode="after")
     def _order(self) -> _RunSpec:
