@@ -16,13 +16,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import math
-import os
 import threading
 import time
 import weakref
 from typing import Any, Literal, Optional
 
-from . import _validate
+from . import _fork, _validate
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
 _NEVER = math.inf
@@ -143,7 +142,7 @@ def _after_fork_in_child() -> None:
             _wd.ensure()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_fork.register(_fork.ENGINE, after_in_child=_after_fork_in_child)
 
 
 def _drop_above(st: _ThreadState, scope: Scope) -> None:

@@ -12,6 +12,7 @@ import sys
 import sysconfig
 from types import ModuleType
 
+from . import _fork
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
 if not sys.platform.startswith("linux"):
@@ -36,7 +37,8 @@ core._setup(_DeadlineInterrupt, DeadlineExceeded)
 atexit.register(core._shutdown)
 # fork: stop the watchdog before (no lock held across fork, and os.fork() on 3.12+ does
 # not count it as a thread), restart it in parent and child where a deadline is armed.
-os.register_at_fork(
+_fork.register(
+    _fork.ENGINE,
     before=core._shutdown,
     after_in_parent=core._ensure_watchdog,
     after_in_child=core._ensure_watchdog,

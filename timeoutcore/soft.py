@@ -20,12 +20,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
+from . import _fork
 from ._engine import core
 from .errors import SoftDeadlineExceeded
 
@@ -110,4 +110,4 @@ def _thread_name(ident: Optional[int]) -> Optional[str]:
 
 
 timer = _SoftTimer()
-os.register_at_fork(after_in_child=timer._after_fork_in_child)
+_fork.register(_fork.FEATURE, after_in_child=timer._after_fork_in_child)
