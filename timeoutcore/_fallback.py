@@ -1,8 +1,9 @@
 """The pure-Python engine, for platforms without ``timer_create`` (or when
 ``TIMEOUTCORE_ENGINE=fallback``).
 
-Same interface as the native core module: ``Scope``, ``Shield``, ``sleep``, ``remaining``,
-``current_scope``, ``shield``. A daemon watchdog thread raises the interrupt with
+The same :class:`~timeoutcore._engine_api.Engine` as the native one: ``Scope``, ``Shield``,
+``sleep``, ``checkpoint``, ``remaining``, ``current_deadline``, ``current_scope``,
+``shield``. A daemon watchdog thread raises the interrupt with
 ``PyThreadState_SetAsyncExc``. What it cannot do, and the native engine does:
 
 * no signal: a blocking system call is not knocked loose (only ``sleep`` below ends early);
@@ -13,6 +14,7 @@ Same interface as the native core module: ``Scope``, ``Shield``, ``sleep``, ``re
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import math
@@ -23,6 +25,10 @@ from typing import Any, Literal, Optional
 
 from . import _fork, _validate
 from .errors import DeadlineExceeded, _DeadlineInterrupt
+
+NAME = "fallback"
+#: No signal at all: a blocking call is never knocked loose, on any CPython.
+INTERRUPTS_RETRIED_CALLS = False
 
 _NEVER = math.inf
 _addr = ctypes.cast(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_void_p).value or 0
@@ -459,6 +465,15 @@ def remaining() -> Optional[float]:
     return None if d == _NEVER else max(d - time.monotonic(), 0.0)
 
 
+def current_deadline() -> Optional[float]:
+    """This thread's earliest deadline as a time.monotonic() value, or None."""
+    st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+    if st is None or not st.stack:
+        return None
+    d = st.deadline()
+    return None if d == _NEVER else d
+
+
 def current_scope() -> Optional[Scope]:
     """The innermost active scope of this thread, or None."""
     st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
@@ -492,3 +507,9 @@ def shield() -> Shield:
     return Shield()
 
 
+def wait_shield() -> contextlib.nullcontext[None]:
+    """No shield around the patched stdlib waits: this engine's shield is Python code that
+    takes the engine's lock, and the engine itself waits on threading primitives while
+    holding it (starting its watchdog thread). Its interrupts are asynchronous anyway,
+    exactly as without the patch."""
+    return contextlib.nullcontext()

@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from .policy import DeadlinePolicy
+from .scope import thread_deadline
 
 T = TypeVar("T")
 Limits = Union[None, float, int, DeadlinePolicy, Mapping[str, Any]]
@@ -46,8 +47,6 @@ def _factory(policy: Optional[DeadlinePolicy]) -> Optional[Callable[[], Any]]:
     """A cheap maker of fresh scopes for ``policy`` (None: no deadline)."""
     if policy is None:
         return None
-    from .scope import thread_deadline
-
     kw: dict[str, Any] = {"label": policy.label, "raise_on_timeout": policy.raise_on_timeout}
     if policy.soft is not None:
         kw.update(soft=policy.soft, soft_raise=policy.soft_raise)

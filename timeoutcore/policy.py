@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from . import _validate
+from .scope import DeadlineScope, thread_deadline
 
 ENV_PREFIX = "TIMEOUTCORE_POLICY__"
 
@@ -49,10 +50,8 @@ class DeadlinePolicy(BaseModel):
             raise ValueError(f"soft ({self.soft} s) must be less than hard ({self.hard} s)")
         return self
 
-    def scope(self, **overrides: Any) -> Any:
+    def scope(self, **overrides: Any) -> DeadlineScope:
         """A fresh ``thread_deadline`` with these limits (keyword overrides allowed)."""
-        from .scope import thread_deadline
-
         kw: dict[str, Any] = {
             "label": self.label,
             "raise_on_timeout": self.raise_on_timeout,
@@ -130,7 +129,7 @@ class PolicyTable:
             raise KeyError(f"no deadline policy for job {name!r} and no default policy")
         return policy
 
-    def scope(self, name: str, **overrides: Any) -> Any:
+    def scope(self, name: str, **overrides: Any) -> DeadlineScope:
         """A fresh ``thread_deadline`` for job ``name``; the label defaults to the name."""
         policy = self.get(name)
         if policy.label is None:

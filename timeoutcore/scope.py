@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, cast
 
 from . import _hooks, _validate
 from ._engine import core
@@ -118,9 +118,7 @@ class _ScopeMixin:
         scope: Any = self
         if scope.exited_at is None:
             raise RuntimeError("the result exists once the block has exited")
-        from .results import build_result
-
-        return build_result(scope)
+        return _hooks.features.build_result(scope)
 
     @property
     def soft_limit(self) -> Optional[float]:
@@ -136,11 +134,9 @@ class _ScopeMixin:
         """A fresh scope for job ``name`` (a job name looked up in ``table`` -- by default
         the table set with ``policy.set_policy_table`` or read from the environment -- or a
         ``DeadlinePolicy``)."""
-        from .policy import DeadlinePolicy, policy_table
-
-        if isinstance(name, DeadlinePolicy):
+        if not isinstance(name, str):  # a DeadlinePolicy
             return name.scope(**overrides)
-        return (table or policy_table()).scope(name, **overrides)
+        return (table or _hooks.features.policy_table()).scope(name, **overrides)
 
     def __call__(self, fn: F) -> F:
         """Decorate ``fn``: every call runs under a fresh scope with these settings."""
@@ -170,7 +166,15 @@ class _ScopeMixin:
         return f"<DeadlineScope label={scope.label!r} limit={scope.limit!r} {state}{fired}>"
 
 
-class DeadlineScope(_ScopeMixin, core.Scope):  # type: ignore[misc]
+if TYPE_CHECKING:
+    # For type checkers the pure-Python engine's scope, a concrete class, stands in for
+    # whichever engine runs (both satisfy _engine_api.EngineScope, which mypy checks).
+    from ._fallback import Scope as _EngineScope
+else:
+    _EngineScope = core.Scope  # the chosen engine's scope type (C in the native engine)
+
+
+class DeadlineScope(_ScopeMixin, _EngineScope):
     """A hard deadline for the block it guards, in the thread that enters it.
 
     ``thread_deadline(seconds, *, label=None, raise_on_timeout=True, soft=None,
@@ -235,10 +239,20 @@ def remaining() -> Optional[float]:
     return result
 
 
+def current_deadline() -> Optional[float]:
+    """The current thread's effective deadline: the earliest deadline of its active scopes,
+    as a ``time.monotonic()`` value (like trio's ``current_effective_deadline()``).
+
+    ``None`` when no active scope of this thread has a deadline. Unlike ``remaining()``,
+    the value does not shrink as time passes, so it can be handed on as an absolute
+    deadline (to ``thread_deadline_at`` in a helper thread, or to a wait of your own).
+    """
+    return core.current_deadline()
+
+
 def current_scope() -> Optional[DeadlineScope]:
     """The innermost active scope of the current thread, or ``None``."""
-    result: Optional[DeadlineScope] = core.current_scope()
-    return result
+    return cast(Optional[DeadlineScope], core.current_scope())
 
 
 def shield() -> Any:
