@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import sysconfig
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional
 
@@ -23,7 +22,8 @@ if TYPE_CHECKING:
 
 if not sys.platform.startswith("linux"):
     raise ImportError("the native timeoutcore engine needs Linux (timer_create, SIGEV_THREAD_ID)")
-if sysconfig.get_config_var("Py_GIL_DISABLED"):
+# A free-threaded build has "t" in its ABI flags (PEP 703); cheaper than importing sysconfig.
+if "t" in getattr(sys, "abiflags", ""):
     raise ImportError(
         "timeoutcore has not been validated on free-threaded CPython; refusing to load "
         "rather than guess (set TIMEOUTCORE_ENGINE=fallback to use the pure-Python engine)"
