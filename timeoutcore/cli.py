@@ -3,8 +3,10 @@
 - ``demo``: a thread pool in which some tasks overrun ``thread_deadline(0.25)``; prints each
   task's outcome as a JSON line, then a summary.
 - ``bench``: timeoutcore side by side with ``signal.alarm``, ``signal.setitimer``, a
-  ``threading.Timer`` + ``PyThreadState_SetAsyncExc`` recipe, stopit and func_timeout
-  (:mod:`timeoutcore.bench`); a table on stdout, optionally a JSON summary and a PNG.
+  ``threading.Timer`` + ``PyThreadState_SetAsyncExc`` recipe, stopit and func_timeout; a
+  table on stdout, optionally a JSON summary and a PNG. The harness is
+  ``benchmarks/harness.py`` of a source checkout, loaded when the command runs (it is not in
+  the installed package).
 - ``run``: a command under a hard (and soft) limit via ``timeoutcore.subprocess.run``; the
   result as JSON on stdout, the exit status like coreutils ``timeout``.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib
+import importlib.util
 import logging
 import os
 import signal
@@ -24,6 +27,8 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 import orjson
@@ -203,8 +208,47 @@ class _Progress:
             sys.stderr.flush()
 
 
+HARNESS = Path("benchmarks", "harness.py")
+_HARNESS_MODULE = "timeoutcore_bench_harness"
+
+
+def harness_candidates() -> list[Path]:
+    """Where ``bench`` looks for the harness, in order: the source checkout this package
+    was imported from (``benchmarks/`` beside ``timeoutcore/``), then the current directory."""
+    checkout = Path(__file__).resolve().parent.parent
+    return [checkout / HARNESS, Path.cwd() / HARNESS]
+
+
+def load_bench_harness() -> ModuleType:
+    """The benchmark harness module, loaded from the first of :func:`harness_candidates`
+    that exists (once per process); :class:`UsageError` when there is none, as in an
+    installed wheel."""
+    loaded = sys.modules.get(_HARNESS_MODULE)
+    if loaded is not None:
+        return loaded
+    for path in harness_candidates():
+        if not path.is_file():
+            continue
+        spec = importlib.util.spec_from_file_location(_HARNESS_MODULE, path)
+        if spec is None or spec.loader is None:  # pragma: no cover - a .py file always has one
+            continue
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_HARNESS_MODULE] = module  # dataclasses look their module up there
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[_HARNESS_MODULE]
+            raise
+        return module
+    raise UsageError(
+        f"the benchmark harness ({HARNESS.as_posix()}) is part of a source checkout of "
+        "timeoutcore, not of the installed package: run this command in a checkout "
+        "(or in the folder that holds benchmarks/)"
+    )
+
+
 def bench(args: argparse.Namespace) -> int:
-    from . import bench as engine
+    engine = load_bench_harness()
 
     if args.plot is not None:
         try:
