@@ -352,7 +352,7 @@ def test_the_harness_is_not_in_the_package() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        ([], "required: --hard"),
+        ([], "required: --limit/--hard"),
         (["--hard", "1"], "no command given"),
         (["--hard", "1", "--"], "no command given"),
         (["--hard", "0", "--", "true"], "must be a positive finite number"),

@@ -66,3 +66,13 @@ def monotonic(value: Any, where: str) -> float:
     if not math.isfinite(v) or v < 0 or v > 9.0e9:
         raise ValueError(f"{where}: when must be a finite time.monotonic() value, got {value!r}")
     return v
+
+
+def alias(where: str, name: str, value: Any, old_name: str, old_value: Any) -> Any:
+    """The value of an argument that has a name and an older alias (``limit=`` and
+    ``hard=``): whichever was given (``None``: neither), a ``TypeError`` if both were."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise TypeError(f"{where}: give {name} or its alias {old_name}, not both")
+    return old_value

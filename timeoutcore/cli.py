@@ -92,7 +92,7 @@ _KINDS: dict[str, Callable[[float], None]] = {
 
 
 def _task(i: int, kind: str, seconds: float, limit: float) -> dict[str, Any]:
-    scope = thread_deadline(limit, label=f"task-{i}", soft=limit * SOFT_SHARE)
+    scope = thread_deadline(limit, label=f"task-{i}", soft_limit=limit * SOFT_SHARE)
     try:
         with scope:
             _KINDS[kind](seconds)
@@ -136,7 +136,7 @@ def demo(args: argparse.Namespace) -> int:
     plan = [(i, kinds[i % len(kinds)], _work_for(i, limit)) for i in range(args.tasks)]
     print(
         f"# engine={ENGINE}: {len(plan)} tasks on {args.workers} pool threads, each under "
-        f"thread_deadline({limit:g}, soft={limit * SOFT_SHARE:g}); every fourth task overruns "
+        f"thread_deadline({limit:g}, soft_limit={limit * SOFT_SHARE:g}); every fourth task overruns "
         "its hard limit, every fourth from the third on passes only the soft one",
         flush=True,
     )
@@ -373,7 +373,7 @@ def run_command(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise UsageError("no command given: timeoutcore run --hard S -- CMD [ARGS...]",
+        raise UsageError("no command given: timeoutcore run --limit S -- CMD [ARGS...]",
                          EXIT_FAILED)
     try:
         module: Any = importlib.import_module("timeoutcore.subprocess")
@@ -494,14 +494,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run CMD in its own process group; at the soft limit it "
                        "gets SIGTERM, at the hard limit (or after the grace period) the whole "
                        "group gets SIGKILL and is reaped.",
-                       epilog=RUN_HELP, usage="%(prog)s --hard S [--soft S] [--grace S] -- CMD "
-                       "[ARGS...]")
+                       epilog=RUN_HELP, usage="%(prog)s --limit S [--soft-limit S] [--grace S] "
+                       "-- CMD [ARGS...]")
     assert isinstance(p, _Parser)
     p.usage_status = EXIT_FAILED
-    p.add_argument("--hard", type=_positive, required=True, metavar="S",
-                   help="hard limit in seconds")
-    p.add_argument("--soft", type=_positive, metavar="S",
-                   help="soft limit in seconds: SIGTERM first")
+    p.add_argument("--limit", "--hard", dest="hard", type=_positive, required=True,
+                   metavar="S", help="hard limit in seconds (--hard: its older name)")
+    p.add_argument("--soft-limit", "--soft", dest="soft", type=_positive, metavar="S",
+                   help="soft limit in seconds: SIGTERM first (--soft: its older name)")
     p.add_argument("--grace", type=_non_negative, metavar="S",
                    help="seconds between SIGTERM and SIGKILL")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its "

@@ -1,6 +1,6 @@
 """``DeadlineExecutor``: a ``ThreadPoolExecutor`` whose every task runs under a deadline.
 
->>> with DeadlineExecutor(8, policy=DeadlinePolicy(hard=0.25)) as pool:
+>>> with DeadlineExecutor(8, policy=DeadlinePolicy(limit=0.25)) as pool:
 ...     fut = pool.submit(work, 1)                       # default policy
 ...     fut2 = pool.submit_with(0.05, work, 2)           # per-task limit
 ...     results = list(pool.map(work, items, limits=[0.1, 0.2, ...]))
@@ -40,7 +40,7 @@ def as_policy(limits: Limits, default: Optional[DeadlinePolicy]) -> Optional[Dea
             "limits must be seconds, a DeadlinePolicy, a mapping of its fields or None, "
             f"not {type(limits).__name__}"
         )
-    return DeadlinePolicy(hard=float(limits))
+    return DeadlinePolicy(limit=float(limits))
 
 
 def _factory(policy: Optional[DeadlinePolicy]) -> Optional[Callable[[], Any]]:
@@ -49,7 +49,7 @@ def _factory(policy: Optional[DeadlinePolicy]) -> Optional[Callable[[], Any]]:
         return None
     kw: dict[str, Any] = {"label": policy.label, "raise_on_timeout": policy.raise_on_timeout}
     if policy.soft is not None:
-        kw.update(soft=policy.soft, soft_raise=policy.soft_raise)
+        kw.update(soft_limit=policy.soft, soft_raise=policy.soft_raise)
     return functools.partial(thread_deadline, policy.hard, **kw)
 
 

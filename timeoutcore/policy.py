@@ -1,6 +1,7 @@
 """Deadline policies: validated limits per job, from code, JSON files or the environment.
 
->>> table = PolicyTable.from_dict({"default": {"hard": 30}, "resize": {"hard": 2, "soft": 1.5}})
+>>> table = PolicyTable.from_dict({"default": {"limit": 30},
+...                                 "resize": {"limit": 2, "soft_limit": 1.5}})
 >>> with table.scope("resize"): ...
 """
 
@@ -13,8 +14,10 @@ from typing import Any, Optional, Union
 
 import orjson
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
+    Field,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -28,12 +31,19 @@ ENV_PREFIX = "TIMEOUTCORE_POLICY__"
 
 
 class DeadlinePolicy(BaseModel):
-    """Limits for one kind of job. ``hard`` is required; ``soft`` must be below it."""
+    """Limits for one kind of job: ``limit`` (the hard limit, seconds) is required,
+    ``soft_limit`` must be below it.
+
+    ``hard`` and ``soft`` are the older names of the two (accepted as input keys, readable as
+    attributes, and the keys ``model_dump()`` writes).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    hard: float
-    soft: Optional[float] = None
+    hard: float = Field(alias="limit", validation_alias=AliasChoices("hard", "limit"))
+    soft: Optional[float] = Field(
+        default=None, alias="soft_limit", validation_alias=AliasChoices("soft", "soft_limit")
+    )
     label: Optional[str] = None
     soft_raise: bool = False
     raise_on_timeout: bool = True
@@ -43,6 +53,16 @@ class DeadlinePolicy(BaseModel):
     def _seconds(cls, value: Optional[float], info: ValidationInfo) -> Optional[float]:
         # after pydantic's own coercion (the environment gives strings such as "2.5")
         return _validate.seconds(value, "DeadlinePolicy", str(info.field_name), allow_none=True)
+
+    @property
+    def limit(self) -> float:
+        """The hard limit in seconds (``hard`` is its older name)."""
+        return self.hard
+
+    @property
+    def soft_limit(self) -> Optional[float]:
+        """The soft limit in seconds, or None (``soft`` is its older name)."""
+        return self.soft
 
     @model_validator(mode="after")
     def _soft_below_hard(self) -> DeadlinePolicy:
@@ -57,7 +77,7 @@ class DeadlinePolicy(BaseModel):
             "raise_on_timeout": self.raise_on_timeout,
         }
         if self.soft is not None:
-            kw["soft"] = self.soft
+            kw["soft_limit"] = self.soft
             kw["soft_raise"] = self.soft_raise
         kw.update(overrides)
         return thread_deadline(self.hard, **kw)
@@ -105,7 +125,8 @@ class PolicyTable:
     ) -> PolicyTable:
         """``TIMEOUTCORE_POLICY__<JOB>__<FIELD>=value`` (job ``DEFAULT`` is the default).
 
-        Fields: HARD, SOFT, LABEL, SOFT_RAISE, RAISE_ON_TIMEOUT.
+        Fields: LIMIT, SOFT_LIMIT, LABEL, SOFT_RAISE, RAISE_ON_TIMEOUT (HARD and SOFT are
+        the older names of the first two).
         """
         env = os.environ if environ is None else environ
         raw: dict[str, dict[str, Any]] = {}

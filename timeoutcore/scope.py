@@ -20,7 +20,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Per-scope state of the optional features; every engine's scope class declares them.
 EXTRA_SLOTS = ("_extras", "_soft", "_on_soft", "_soft_raise", "_soft_fired", "_cleanups",
                "_result_log", "_observer", "_cancelled")
-_EXTRA_KEYS = ("soft", "on_soft", "soft_raise", "result_log", "observer")
+_EXTRA_KEYS = ("soft_limit", "soft", "on_soft", "soft_raise", "result_log", "observer")
 
 
 class _ScopeMixin:
@@ -36,13 +36,15 @@ class _ScopeMixin:
         unknown = sorted(set(extras) - set(_EXTRA_KEYS))
         if unknown:
             raise TypeError(f"thread_deadline() got an unexpected keyword argument {unknown[0]!r}")
-        soft = extras.get("soft")
+        soft = _validate.alias("thread_deadline()", "soft_limit", extras.get("soft_limit"),
+                               "soft", extras.get("soft"))
         on_soft = extras.get("on_soft")
         soft_raise = extras.get("soft_raise", False)
         result_log = extras.get("result_log")
         observer = extras.get("observer")
         if soft is not None:
-            soft = _validate.seconds(soft, "thread_deadline()", "soft")
+            arg = "soft_limit" if extras.get("soft_limit") is not None else "soft"
+            soft = _validate.seconds(soft, "thread_deadline()", arg)
             hard = scope.limit
             if hard is None and scope.when() is None:
                 raise ValueError("thread_deadline(): soft needs a hard limit (seconds)")
@@ -125,6 +127,14 @@ class _ScopeMixin:
         """The soft limit in seconds, or None."""
         return getattr(self, "_soft", None)
 
+    @property
+    def expired_at(self) -> Optional[float]:
+        """``time.monotonic()`` when this scope's deadline expired, or None (``fired_at`` is
+        the older name of the same value)."""
+        scope: Any = self
+        result: Optional[float] = scope.fired_at
+        return result
+
     def soft_expired(self) -> bool:
         """True once the soft limit has passed while the block was running."""
         return bool(getattr(self, "_soft_fired", False))
@@ -177,14 +187,15 @@ else:
 class DeadlineScope(_ScopeMixin, _EngineScope):
     """A hard deadline for the block it guards, in the thread that enters it.
 
-    ``thread_deadline(seconds, *, label=None, raise_on_timeout=True, soft=None,
-    on_soft=None, soft_raise=False, result_log=None)`` returns one. ``seconds`` counts from
-    entry into the block; ``None`` means no deadline. When the deadline passes, the block is
-    interrupted wherever it is (Python code, or a blocking call the signal can knock loose)
-    and ``DeadlineExceeded`` is raised at the block's exit; with ``raise_on_timeout=False``
-    the block is abandoned silently and ``expired()`` tells.
+    ``thread_deadline(seconds, *, label=None, raise_on_timeout=True, soft_limit=None,
+    on_soft=None, soft_raise=False, result_log=None)`` returns one. ``seconds``, the hard
+    limit (read back as ``limit``), counts from entry into the block; ``None`` means no
+    deadline. When the deadline expires, the block is interrupted wherever it is (Python
+    code, or a blocking call the signal can knock loose) and ``DeadlineExceeded`` is raised
+    at the block's exit; with ``raise_on_timeout=False`` the block is abandoned silently and
+    ``expired()`` tells.
 
-    ``soft`` (seconds from entry, below the hard limit) logs a warning, calls
+    ``soft_limit`` (alias ``soft``; seconds from entry, below the hard limit) logs a warning, calls
     ``on_soft(scope)`` once on a callback thread, and with ``soft_raise=True`` raises the
     catchable ``SoftDeadlineExceeded`` inside the block (or, given an ``Exception``
     subclass as ``soft_raise``, that exception); the hard limit still follows.
@@ -194,10 +205,11 @@ class DeadlineScope(_ScopeMixin, _EngineScope):
     deadline); what ``contrib.redis`` uses to publish a block's deadline.
 
     A scope is single-use. Used as a decorator it makes a fresh scope for every call.
-    Methods: ``when()``, ``reschedule(when)``, ``expired()``, ``remaining()``,
-    ``elapsed()``, ``on_timeout(fn, *args)``, ``cancel()``, ``cancelled()``; attributes ``label``, ``limit``,
-    ``soft_limit``, ``overshoot``, ``result`` (after exit), ``fired_at``, ``entered_at``,
-    ``exited_at``, ``active``, ``thread_ident``, ``native_id``.
+    Methods: ``when()``, ``reschedule(when)``, ``expired()``, ``soft_expired()``,
+    ``remaining()``, ``elapsed()``, ``on_timeout(fn, *args)``, ``cancel()``, ``cancelled()``;
+    attributes ``label``, ``limit``, ``soft_limit``, ``overshoot``, ``result`` (after exit),
+    ``expired_at`` (alias ``fired_at``), ``entered_at``, ``exited_at``, ``active``,
+    ``thread_ident``, ``native_id``.
     """
 
     __slots__ = EXTRA_SLOTS

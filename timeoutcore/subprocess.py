@@ -144,6 +144,16 @@ class RunResult(BaseModel):
     error: Optional[str] = None
 
     @property
+    def limit(self) -> float:
+        """The hard limit in seconds (serialised as ``hard``, its older name)."""
+        return self.hard
+
+    @property
+    def soft_limit(self) -> Optional[float]:
+        """The soft limit in seconds, or None (serialised as ``soft``, its older name)."""
+        return self.soft
+
+    @property
     def ok(self) -> bool:
         """Ended by itself with exit code 0."""
         return self.status == "completed" and self.exit_code == 0
@@ -340,25 +350,33 @@ class _ExitWatch:
 def run(
     cmd: Sequence[str],
     *,
-    hard: float,
-    soft: Optional[float] = None,
+    limit: Optional[float] = None,
+    soft_limit: Optional[float] = None,
     grace: float = DEFAULT_GRACE,
     cwd: Optional[Union[str, Path]] = None,
     env: Optional[Dict[str, str]] = None,
     input: Optional[bytes] = None,  # noqa: A002 - the name subprocess.run uses
     capture_tail: int = DEFAULT_TAIL,
+    hard: Optional[float] = None,
+    soft: Optional[float] = None,
 ) -> RunResult:
     """Run ``cmd`` (a list of strings, no shell) with a hard time limit; kill its whole tree.
 
-    ``hard``: seconds after which everything left of the command gets ``SIGKILL``.
-    ``soft``: seconds (``< hard``) after which its process group gets ``SIGTERM``; ``SIGKILL``
-    follows ``grace`` seconds later, or at ``hard``. ``input``: bytes for its stdin (else
+    ``limit`` (required): seconds after which everything left of the command gets
+    ``SIGKILL``. ``soft_limit``: seconds (``< limit``) after which its process group gets
+    ``SIGTERM``; ``SIGKILL`` follows ``grace`` seconds later, or at ``limit``. ``hard`` and
+    ``soft`` are the older spellings of ``limit`` and ``soft_limit`` (aliases; give one
+    of each pair). ``input``: bytes for its stdin (else
     ``/dev/null``). ``capture_tail``: bytes kept from the end of stdout and stderr (``0``:
     discard them). Returns a :class:`RunResult`; a command that cannot be started gives
     ``status="error"``. Bad arguments raise ``pydantic.ValidationError`` (a ``ValueError``).
     Inside a ``thread_deadline`` scope, the scope's deadline also ends it: the tree is killed
     and reaped, then the scope's interrupt goes on.
     """
+    hard = _validate.alias("run()", "limit", limit, "hard", hard)
+    if hard is None:
+        raise TypeError("run() needs the hard limit: limit=<seconds> (alias: hard=)")
+    soft = _validate.alias("run()", "soft_limit", soft_limit, "soft", soft)
     spec = _RunSpec.model_validate({
         "cmd": cmd, "hard": hard, "soft": soft, "grace": grace, "cwd": cwd, "env": env,
         "input": input, "capture_tail": capture_tail,

@@ -139,7 +139,7 @@ def _run_limited(task: Any, run: Callable[..., Any], limits: _Limits,
                  args: Any, kwargs: Any) -> Any:
     extras: dict[str, Any] = {"label": task.name}
     if limits.soft is not None:
-        extras.update(soft=limits.soft, soft_raise=SoftTimeLimitExceeded)
+        extras.update(soft_limit=limits.soft, soft_raise=SoftTimeLimitExceeded)
         if limits.timeout_callback is not None:
             extras["on_soft"] = functools.partial(_soft_passed, limits)
     hard = limits.hard if limits.hard is not None else _NO_HARD_LIMIT
