@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +114,68 @@ def test_lower_layers_do_not_import_the_features() -> None:
     for name in core:
         deps = {d.removeprefix("timeoutcore.") for d in graph[f"timeoutcore.{name}"]}
         assert not deps & features, (name, deps & features)
+
+
+# --- import cost ----------------------------------------------------------------------------
+
+HEAVY = ("pydantic", "orjson", "logging", "ssl")
+
+
+def _python(code: str, engine: str = "auto") -> None:
+    env = dict(os.environ, TIMEOUTCORE_ENGINE=engine)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("engine", ["auto", "fallback"])
+def test_import_and_a_plain_block_load_no_heavy_module(engine: str) -> None:
+    _python(
+        "import sys, timeoutcore\n"
+        "with timeoutcore.thread_deadline(1):\n"
+        "    pass\n"
+        f"loaded = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "assert not loaded, loaded\n",
+        engine,
+    )
+
+
+def test_the_features_load_what_they_need_when_used() -> None:
+    _python(
+        "import sys, timeoutcore\n"
+        "with timeoutcore.thread_deadline(1) as scope:\n"
+        "    pass\n"
+        "assert 'pydantic' not in sys.modules\n"
+        "assert scope.result.status == 'completed'\n"
+        "assert 'pydantic' in sys.modules and 'orjson' in sys.modules\n"
+    )
+    _python(
+        "import sys, timeoutcore\n"
+        "m = timeoutcore.metrics.enable()\n"
+        "with timeoutcore.thread_deadline(1, label='x'):\n"
+        "    pass\n"
+        "assert m.snapshot()['by_status'] == {'completed': 1}\n"
+        "assert 'pydantic' not in sys.modules and 'orjson' not in sys.modules\n"
+        "assert m.snapshot_json() and 'orjson' in sys.modules\n"
+    )
+    _python(
+        "import sys, timeoutcore\n"
+        "assert timeoutcore.DeadlinePolicy(limit=1).limit == 1\n"
+        "assert 'pydantic' in sys.modules\n"
+    )
+
+
+def test_lazy_names_are_listed_and_importable() -> None:
+    names = set(dir(timeoutcore))
+    assert set(timeoutcore.__all__) <= names
+    for name in timeoutcore.__all__:
+        assert getattr(timeoutcore, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        timeoutcore.nope  # noqa: B018
+
+
+def test_patch_is_the_function_after_its_module_was_imported() -> None:
+    import importlib
+
+    module = importlib.import_module("timeoutcore.patch")
+    assert callable(timeoutcore.patch) and timeoutcore.patch is module.patch

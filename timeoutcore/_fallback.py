@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import logging
 import math
 import threading
 import time
@@ -265,6 +264,8 @@ class Scope:
                 try:
                     self._hook(self, "exit", exc)
                 except Exception:  # noqa: BLE001 - as the native core: reported, not raised
+                    import logging  # only on this error path: not a cost of every import
+
                     logging.getLogger("timeoutcore").exception("scope hook %r failed", self._hook)
                 finally:
                     st.shield -= 1
