@@ -457,15 +457,6 @@ def checkpoint() -> None:
             _wd.fire(st, now, True)
 
 
-def remaining() -> Optional[float]:
-    """Seconds left before this thread's earliest deadline, or None when unguarded."""
-    st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
-    if st is None or not st.stack:
-        return None
-    d = st.deadline()
-    return None if d == _NEVER else max(d - time.monotonic(), 0.0)
-
-
 def current_deadline() -> Optional[float]:
     """This thread's earliest deadline as a time.monotonic() value, or None."""
     st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
@@ -473,6 +464,12 @@ def current_deadline() -> Optional[float]:
         return None
     d = st.deadline()
     return None if d == _NEVER else d
+
+
+def remaining() -> Optional[float]:
+    """Seconds left before this thread's earliest deadline, or None when unguarded."""
+    d = current_deadline()
+    return None if d is None else max(d - time.monotonic(), 0.0)
 
 
 def current_scope() -> Optional[Scope]:

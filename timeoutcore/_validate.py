@@ -1,4 +1,4 @@
-"""The one check of a number of seconds, for every Python-side argument of the package.
+"""The one check of a number of seconds (and of the limits' two spellings) for the package.
 
 It gives the same messages as the C core's ``parse_seconds`` (csrc), so an error reads the
 same whichever engine or layer caught it::
@@ -11,7 +11,7 @@ same whichever engine or layer caught it::
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Optional, overload
+from typing import TYPE_CHECKING, Any, Literal, Optional, overload
 
 #: The longest limit accepted (about 9.5 years), as in the C core.
 MAX_SECONDS = 3.0e8
@@ -76,3 +76,23 @@ def alias(where: str, name: str, value: Any, old_name: str, old_value: Any) -> A
     if value is not None:
         raise TypeError(f"{where}: give {name} or its alias {old_name}, not both")
     return old_value
+
+
+class LimitNames:
+    """``limit``/``soft_limit`` on a pydantic model whose fields have the older names
+    ``hard``/``soft`` (kept as the serialised keys, so what was written before still
+    parses)."""
+
+    if TYPE_CHECKING:  # the model's own fields; nothing for pydantic to collect here
+        hard: float
+        soft: Optional[float]
+
+    @property
+    def limit(self) -> float:
+        """The hard limit in seconds (``hard`` is its older name)."""
+        return self.hard
+
+    @property
+    def soft_limit(self) -> Optional[float]:
+        """The soft limit in seconds, or None (``soft`` is its older name)."""
+        return self.soft

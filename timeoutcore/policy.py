@@ -30,7 +30,7 @@ from .scope import DeadlineScope, thread_deadline
 ENV_PREFIX = "TIMEOUTCORE_POLICY__"
 
 
-class DeadlinePolicy(BaseModel):
+class DeadlinePolicy(_validate.LimitNames, BaseModel):
     """Limits for one kind of job: ``limit`` (the hard limit, seconds) is required,
     ``soft_limit`` must be below it.
 
@@ -53,16 +53,6 @@ class DeadlinePolicy(BaseModel):
     def _seconds(cls, value: Optional[float], info: ValidationInfo) -> Optional[float]:
         # after pydantic's own coercion (the environment gives strings such as "2.5")
         return _validate.seconds(value, "DeadlinePolicy", str(info.field_name), allow_none=True)
-
-    @property
-    def limit(self) -> float:
-        """The hard limit in seconds (``hard`` is its older name)."""
-        return self.hard
-
-    @property
-    def soft_limit(self) -> Optional[float]:
-        """The soft limit in seconds, or None (``soft`` is its older name)."""
-        return self.soft
 
     @model_validator(mode="after")
     def _soft_below_hard(self) -> DeadlinePolicy:

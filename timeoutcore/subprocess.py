@@ -115,7 +115,7 @@ class _RunSpec(BaseModel):
 # --- the result -------------------------------------------------------------------------
 
 
-class RunResult(BaseModel):
+class RunResult(_validate.LimitNames, BaseModel):
     """What :func:`run` reports.
 
     ``status``: ``completed`` (ended by itself, whatever its exit code), ``soft_killed``
@@ -142,16 +142,6 @@ class RunResult(BaseModel):
     stdout_bytes: int = 0
     stderr_bytes: int = 0
     error: Optional[str] = None
-
-    @property
-    def limit(self) -> float:
-        """The hard limit in seconds (serialised as ``hard``, its older name)."""
-        return self.hard
-
-    @property
-    def soft_limit(self) -> Optional[float]:
-        """The soft limit in seconds, or None (serialised as ``soft``, its older name)."""
-        return self.soft
 
     @property
     def ok(self) -> bool:
