@@ -51,4 +51,4 @@ def engine_of(scope: Any) -> Engine:
     return _fallback
 
 
-__all__ = ["ENGINE", "Engine", "core", "engine_of"]
+__all__ = ["ENGINE", "core", "engine_of"]

@@ -12,6 +12,7 @@ import subprocess
 from typing import Any, Callable, Optional, Tuple
 
 from .blocking import Make, _is_number, _remaining, _shield, bounded_wait
+from ._process_tree import kill_and_reap
 from .errors import _DeadlineInterrupt
 
 _OWNED = "_timeoutcore_owned"  # on a Popen started inside a scope: "group" or "pid"
@@ -39,8 +40,6 @@ def _abandon(proc: Any) -> None:
     """The deadline interrupted a wait on ``proc``: a scope-owned child is killed, reaped."""
     owned = getattr(proc, _OWNED, None)
     if owned is not None:
-        from .subprocess import kill_and_reap
-
         kill_and_reap(proc, group=owned == "group")
 
 
