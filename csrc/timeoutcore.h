@@ -3,51 +3,85 @@
  *
  * WHAT IT DOES
  *   Gives any Python thread a hard deadline.  Each guarded thread owns one
- *   *slot* (thread-local, never freed, recycled after the thread exits) and
+ *   *slot* (thread-local, never freed, recycled after its thread exits) and
  *   one POSIX timer created once with timer_create(CLOCK_MONOTONIC,
  *   SIGEV_THREAD_ID -> that thread, a real-time signal).  Entering a scope
  *   stores the deadline in the slot (no system call); one *watchdog* pthread
- *   keeps its own schedule of every armed slot.  Shortly before a deadline the
- *   watchdog asks for the GIL (anticipation: one switch interval + a lead), at
- *   the deadline it raises the internal interrupt in the guarded thread with
- *   PyThreadState_SetAsyncExc, and only then fires that thread's timer so the
- *   signal knocks a blocking system call loose ("inject first, then kick").
- *   It re-injects while the block swallows the interrupt.  The scope exit
- *   claims the interrupt and turns it into DeadlineExceeded.
+ *   keeps its own schedule of every armed slot, so a thread that blocks the
+ *   signal is still stopped.  Shortly before a deadline the watchdog asks for
+ *   the GIL (anticipation: one switch interval + a margin, with "requeue"
+ *   when the GIL came easily), at the deadline it raises the internal
+ *   interrupt in the guarded thread with PyThreadState_SetAsyncExc, and only
+ *   then fires that thread's timer so the signal knocks a blocking system
+ *   call loose ("inject first, then kick").  It re-injects while the body
+ *   swallows the interrupt.  The scope that fired claims the interrupt at its
+ *   exit and raises DeadlineExceeded.  Where: tc_watchdog.c decides when,
+ *   tc_slot.c delivers (its header lists the steps), tc_scope.c makes the
+ *   exception.
+ *
+ * THE PYTHON-FACING MODULE (built by tc_export, e.g. "timeoutcore._core")
+ *   Types Scope (thread_deadline's base) and Shield; functions sleep,
+ *   checkpoint, remaining, current_deadline, current_scope, shield; private
+ *   _setup, _set_default_hook, _raise_in_scope, _shutdown, _watchdog_running,
+ *   _ensure_watchdog.  Precondition: _setup(interrupt_class, exceeded_class)
+ *   is called once, before any scope or shield is entered (entering one
+ *   before raises RuntimeError).
+ *   Hook protocol: a scope may carry hook(scope, event, exc).  "enter" is
+ *   called in the guarded thread before anything is armed (if it raises, the
+ *   scope is not entered and nothing is left armed); "exit" after the
+ *   deadline is disarmed, shielded from interrupts, before DeadlineExceeded
+ *   is raised, with the exception the block ended with (or None); an
+ *   exception from it is reported as unraisable.  _set_default_hook(h) gives
+ *   h to every scope created afterwards.
+ *   One interpreter only: the core's state is process-wide; the module must
+ *   be exported and used in the main interpreter (not in subinterpreters).
  *
  * THREADS, GIL AND LOCKS
- *   - Scope/shield __enter__/__exit__, sleep() and everything else in the
- *     Python module built by tc_export() run in the calling (guarded) thread
- *     WITH the GIL held, and never release it between "block finished" and
- *     "disarmed and pending interrupt cleared": that is what keeps an
- *     interrupt from surfacing after a block has exited.  They are plain
- *     PyCFunctions, never cffi `lib` calls (cffi drops the GIL around those).
- *   - The slot's scope stack (Python objects) is touched only with the GIL.
- *     The slot's deadline/state/generation are atomics, written by the owner
- *     thread with the GIL, read by the watchdog without it.
- *   - The watchdog never holds the registry mutex while it waits for the GIL.
- *     It may take the mutex while holding the GIL (to check a slot is alive).
- *     The thread-exit destructor takes only the mutex, never the GIL.
- *   - The functions declared below (the cffi `lib`) are called by cffi WITHOUT
- *     the GIL; tc_export() takes it itself.  They may be called from any
- *     thread.
+ *   - Every function of the Python-facing module runs WITH the GIL.  Scope and
+ *     Shield __enter__/__exit__, sleep() and checkpoint() run in the guarded
+ *     thread and never release the GIL between "block finished" and
+ *     "disarmed and pending interrupt taken back": that keeps an interrupt
+ *     from surfacing after a block has exited.  They are plain PyCFunctions,
+ *     never cffi `lib` calls (cffi drops the GIL around those).
+ *   - reschedule() (and so cancel()) and _raise_in_scope() may be called from
+ *     any thread; they take effect under the GIL like everything else.
+ *   - Slot fields and who writes them, under which lock: tc_internal.h.  In
+ *     short: the scope stack (Python objects) only with the GIL; the atomics
+ *     deadline/state/gen are written with the GIL by the owner, the watchdog
+ *     (fire, re-inject) and any thread through reschedule()/cancel(), and
+ *     without it only at thread exit and in the fork child; the watchdog's
+ *     planner reads them without the GIL.
+ *   - The watchdog never holds the registry mutex (g_mu) while it waits for
+ *     the GIL; it may take g_mu while holding the GIL.  The thread-exit
+ *     destructor takes only g_mu, never the GIL.
+ *   - The functions declared below (the cffi `lib`) are called by cffi
+ *     WITHOUT the GIL, from any thread; tc_export() takes the GIL itself.
  *
  * ASYNC-SIGNAL-SAFETY
- *   The signal handler only saves errno, bumps a relaxed atomic counter in the
- *   slot named by si_value (slots are never freed) and restores errno.  Its one
- *   purpose is to exist: installed without SA_RESTART, it makes the blocking
- *   system call of the guarded thread fail with EINTR.  Decisions are taken
- *   from the slot's state, never from the signal, so a stale or late signal is
- *   harmless.  The pthread_atfork child handler only uses async-signal-safe
- *   calls (raw syscalls, plain stores).
+ *   The signal handler only saves errno, bumps a relaxed atomic counter and
+ *   restores errno.  Its one purpose is to exist: installed without
+ *   SA_RESTART, it makes the blocking system call of the guarded thread fail
+ *   with EINTR.  Decisions are taken from the slot's state, never from the
+ *   signal, so a stale or late signal is harmless.  The pthread_atfork child
+ *   handler is not a signal handler: it runs in the child right after fork(),
+ *   where only the forking thread exists, unlocks the registry mutex that
+ *   thread took in the prepare handler, and otherwise uses raw syscalls and
+ *   plain stores.
+ *
+ * CPYTHON INTERNALS
+ *   Supported: CPython 3.11-3.14 with the GIL.  Which private fields and
+ *   functions are used on which version: tc_compat.h, the only file that
+ *   tests PY_VERSION_HEX.
  *
  * RESOURCES AND THEIR OWNERS
  *   - kernel timer: created with the slot, deleted by the pthread key
  *     destructor when its thread exits (timer_create fails with EAGAIN past
- *     RLIMIT_SIGPENDING: reported as OSError, nothing left armed);
- *   - watchdog: started lazily at the first armed deadline, stopped and joined
- *     by tc_shutdown (registered with atexit), forgotten in a fork child and
- *     restarted there on demand (os.register_at_fork calls _after_fork_child);
+ *     RLIMIT_SIGPENDING: OSError, nothing left armed);
+ *   - watchdog: started lazily by the first scope entered with a deadline,
+ *     stopped and joined by _shutdown() (registered with atexit, and called
+ *     before fork so no lock or thread is carried across it), restarted by
+ *     _ensure_watchdog() after fork, in parent and child, where a live slot
+ *     has a deadline;
  *   - signal handler: installed once; refused (never clobbered) if someone
  *     else already handles the chosen signal (env TIMEOUTCORE_SIGNAL).
  */
@@ -72,10 +106,10 @@ struct tc_stats {
     uint64_t stale_scopes;     /* scopes cleaned up whose exit never ran    */
 };
 
-/* Build the Python-facing module (types Scope and Shield, functions sleep,
- * remaining, ...) and register it in sys.modules under `modname`.  Takes the
- * GIL itself.  Returns 0, or -1 with a Python exception set (then cffi
- * prints it; the caller checks the return value). */
+/* Build the Python-facing module (see above) and register it in sys.modules
+ * under `modname`.  Takes the GIL itself.  Returns 0, or -1 after printing
+ * the Python exception that made it fail (PyErr_Print, which clears it):
+ * the caller raises ImportError. */
 int tc_export(const char *modname);
 
 /* Copy the counters.  Any thread, no GIL needed. */

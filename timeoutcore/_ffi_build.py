@@ -1,14 +1,27 @@
 """cffi (API mode) build script: reads the real C files in ``csrc/``; nothing else.
 
 ``setup.py`` names it in ``cffi_modules``; the extension is ``timeoutcore._timeoutcore``.
+The core is a unity build: ``csrc/timeoutcore.c`` is the one compiled unit and includes
+the parts (``tc_*.c``), so they are listed as dependencies, not as sources.
+
+Warnings: ``-Wall -Wextra -Wundef`` always; ``TIMEOUTCORE_WERROR=1`` (set by CI and nox)
+turns them into errors, so a warning fails the build where we test, never on a user's
+newer compiler.
 """
 
+import os
 from pathlib import Path
 
 from cffi import FFI
 
 _ROOT = Path(__file__).resolve().parent.parent
-_HEADER = (_ROOT / "csrc" / "timeoutcore.h").read_text(encoding="utf-8")
+_CSRC = _ROOT / "csrc"
+_HEADER = (_CSRC / "timeoutcore.h").read_text(encoding="utf-8")
+
+# cffi's generated wrapper has unused parameters by design; our own code needs no exception.
+_FLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wundef", "-Wno-unused-parameter"]
+if os.environ.get("TIMEOUTCORE_WERROR", "") not in ("", "0"):
+    _FLAGS.append("-Werror")
 
 ffibuilder = FFI()
 ffibuilder.cdef(_HEADER.split("/* cdef-begin")[1].split("*/", 1)[1].split("/* cdef-end */")[0])
@@ -16,8 +29,9 @@ ffibuilder.set_source(
     "timeoutcore._timeoutcore",
     '#include "timeoutcore.h"\n',
     sources=["csrc/timeoutcore.c"],  # relative to setup.py, as setuptools requires
+    depends=sorted(f"csrc/{p.name}" for p in _CSRC.iterdir() if p.suffix in (".c", ".h")),
     include_dirs=["csrc"],
-    extra_compile_args=["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    extra_compile_args=_FLAGS,
     py_limited_api=False,
 )
 

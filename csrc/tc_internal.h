@@ -1,0 +1,176 @@
+/*
+ * tc_internal.h -- structs, enums, constants and shared state of the core.
+ *
+ * Included once, by the unity build timeoutcore.c, before the parts
+ * (tc_os.c, tc_slot.c, tc_watchdog.c, tc_scope.c, tc_module.c).  For each
+ * field: who writes it, and under which lock.  "GIL" means the writer holds
+ * the GIL; g_mu is the slot-registry mutex.
+ */
+#ifndef TC_INTERNAL_H
+#define TC_INTERNAL_H
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+#include <linux/futex.h>
+
+#include "timeoutcore.h"
+#include "tc_compat.h"
+
+/* -- Constants ------------------------------------------------------------- */
+
+#define TC_NS_PER_S 1000000000LL
+#define TC_NS_PER_S_F 1e9
+#define TC_NEVER INT64_MAX                  /* "no deadline", in ns          */
+
+/* Re-injection while a body swallows the interrupt: 2 ms, doubling to 100 ms. */
+#define TC_REINJECT_FIRST_NS 2000000LL
+#define TC_REINJECT_MAX_NS 100000000LL
+
+/* GIL anticipation.  The watchdog asks for the GIL `lead` before a deadline:
+ * one switch interval (the longest a holder may keep it after being asked)
+ * plus a margin.  Defaults until the first sys.getswitchinterval() read. */
+#define TC_SWITCH_DEFAULT_NS 5000000LL      /* CPython's default 5 ms        */
+#define TC_LEAD_MARGIN_NS 1000000LL         /* lead = switch + 1 ms          */
+#define TC_FAST_SWITCH_US 200UL             /* 3.11: interval while waiting  */
+#define TC_LEAD_MARGIN_FAST_NS 300000LL     /* 3.11: lead = 200 us + 300 us  */
+
+/* Requeue: when the GIL came in less than half a switch interval, the body
+ * releases it often (I/O-ish); if the deadline is still more than
+ * TC_REQUEUE_MIN_LEFT_NS away, give the GIL back and retake it
+ * TC_REQUEUE_EARLY_NS before the deadline. */
+#define TC_REQUEUE_MIN_LEFT_NS 300000LL
+#define TC_REQUEUE_EARLY_NS 200000LL
+
+/* Argument bounds in seconds; the pure-Python engine checks the same. */
+#define TC_MAX_SECONDS 3.0e8
+#define TC_MAX_MONOTONIC 9.0e9
+
+/* tc_bench_timer_pair arms the timer this far ahead, then disarms it. */
+#define TC_BENCH_FAR_NS (3600LL * TC_NS_PER_S)
+
+/* -- Slots: one per thread that ever entered a scope or shield -------------- */
+
+/* Delivery state of a slot (tc_slot.c is its state machine):
+ *   IDLE      no deadline on the stack;
+ *   ARMED     a deadline is on the stack, not fired;
+ *   INJECTED  an interrupt was raised into the thread (s->fired says for
+ *             which scope; NULL for a shielded or stale leftover). */
+enum { SLOT_IDLE = 0, SLOT_ARMED = 1, SLOT_INJECTED = 2 };
+
+typedef struct tc_slot {
+    /* Written once, at creation, by slot_get (GIL + g_mu); slots are never
+     * freed, so a pointer to one stays valid for the life of the process. */
+    struct tc_slot *next;          /* registry list                        */
+
+    /* g_mu: set by slot_get (GIL), cleared by slot_release at thread exit
+     * (no GIL) and by the atfork child handler. */
+    int alive;                     /* owned by a running thread            */
+    int timer_ok;                  /* timer_id is a live kernel timer      */
+    int timer_id;
+
+    /* slot_get (GIL + g_mu) and the atfork child; read by anyone. */
+    pid_t tid;                     /* kernel thread id (gettid)            */
+    unsigned long ident;           /* threading.get_ident()                */
+
+    /* Atomics read WITHOUT any lock by the watchdog's planner (wd_plan).
+     * Written with the GIL: by the owner (enter, exit, shield, sleep), by
+     * the watchdog (fire, reinject) and by any thread through reschedule()
+     * or cancel(); without the GIL only by slot_release at thread exit and
+     * by the atfork child, when no Python code of that thread can run. */
+    _Atomic int64_t deadline;      /* earliest deadline on the stack, ns   */
+    _Atomic uint64_t gen;          /* bumped on every change of the above  */
+    _Atomic int state;             /* SLOT_*                               */
+    _Atomic int64_t reinject_at;   /* next re-injection when INJECTED      */
+    int64_t reinject_step;         /* GIL                                  */
+
+    /* Owner thread only (GIL); read by the watchdog. */
+    _Atomic int shield;            /* shield depth (shield() and exit hooks) */
+
+    /* Futex word the owner's sleep() waits on; bumped (GIL) by whoever
+     * injects into this thread. */
+    _Atomic uint32_t wake;
+    /* Bumped (GIL) by _raise_in_scope (a soft-limit exception raised into the
+     * block); sleep() returns so that it lands. */
+    _Atomic uint32_t raised;
+
+    /* GIL only. */
+    PyObject *top;                 /* innermost active scope (strong ref)  */
+    PyObject *fired;               /* scope whose deadline fired (borrowed:
+                                      it is on the stack while set)        */
+} tc_slot;
+
+/* -- Scope: the object behind `with thread_deadline(...)` -------------------- */
+
+enum { SCOPE_NEW = 0, SCOPE_ACTIVE = 1, SCOPE_DONE = 2 };
+
+/* Every field is read and written with the GIL held. */
+typedef struct Scope {
+    PyObject_HEAD
+    PyObject *label;
+    PyObject *parent;      /* enclosing scope on this thread while active  */
+    tc_slot *slot;         /* the slot while active, else NULL             */
+    double seconds;        /* relative limit; NAN for absolute/none        */
+    int64_t deadline;      /* own absolute deadline (ns) or TC_NEVER       */
+    int64_t entered;       /* ns                                           */
+    int64_t exited;        /* ns, 0 while active                           */
+    int64_t fired_at;      /* ns when the interrupt was raised, 0 if never */
+    int state;             /* SCOPE_*                                      */
+    int raise_on_timeout;
+    int expired;           /* this scope's deadline fired                  */
+    int has_deadline_arg;  /* deadline given at construction (absolute)    */
+    int soft_pending;      /* _raise_in_scope() raised into this block     */
+    pid_t native_id;       /* kernel thread id of the entering thread      */
+    unsigned long ident;   /* threading.get_ident() of the entering thread */
+    PyObject *hook;        /* hook(scope, "enter"|"exit", exc) or NULL     */
+    PyObject *exit_exc;    /* the exception the block ended with, or NULL  */
+#if TC_TRACK_FRAMES
+    PyObject *frame;       /* frame of the with statement, while active    */
+#endif
+} Scope;
+
+static inline Scope *as_scope(PyObject *o) { return (Scope *)o; }
+
+/* -- Shared state ----------------------------------------------------------- */
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* the slot registry */
+static tc_slot *g_slots;            /* every slot ever made (g_mu to add)    */
+static pthread_key_t g_key;         /* its destructor is slot_release        */
+static int g_key_ok;                /* GIL                                   */
+static __thread tc_slot *t_slot;    /* this thread's slot, or NULL           */
+
+static int g_signo;                 /* 0 until installed; GIL                */
+
+/* Python objects, set by _setup() (GIL); owned by the module. */
+static PyObject *g_interrupt;       /* internal BaseException subclass       */
+static PyObject *g_exceeded;        /* DeadlineExceeded                      */
+static PyObject *g_default_hook;    /* given to every new scope, or NULL     */
+static PyObject *g_scope_type;
+static PyObject *g_shield_type;
+
+/* Counters (struct tc_stats); relaxed atomics, any thread. */
+static struct {
+    _Atomic uint64_t slots_live, timers_live, fires, reinjections, kicks, signals_seen,
+        watchdog_wakeups, gil_takes, requeues, stale_scopes;
+} g_st;
+#define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
+#define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)
+
+/* -- Cross-part prototypes (definitions in the part named) ------------------ */
+
+/* tc_watchdog.c */
+static void wd_notify(int64_t deadline);
+static int wd_ensure(void);
+static int wd_running(void);
+
+#endif /* TC_INTERNAL_H */

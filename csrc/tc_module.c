@@ -1,0 +1,440 @@
+/*
+ * tc_module.c -- the Shield type, the functions of the Python-facing module
+ * (timeoutcore._core), fork handling, and the cffi entry points.  Part of
+ * the unity build (timeoutcore.c).
+ */
+
+/* -- Shield: hold interrupts back; deliver at exit ---------------------------- */
+typedef struct {
+    PyObject_HEAD
+    tc_slot *slot;
+    int state;
+} Shield;
+
+static PyObject *Shield_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Shield *sh = (Shield *)self;
+    tc_slot *s;
+    if (sh->state != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "a shield is not reusable");
+        return NULL;
+    }
+    s = t_slot;
+    if (s == NULL && (s = slot_get()) == NULL)
+        return NULL;
+    sh->slot = s;
+    sh->state = 1;
+    if (atomic_fetch_add(&s->shield, 1) == 0 && atomic_load(&s->state) == SLOT_INJECTED &&
+        s->fired != NULL) {
+        /* A raised-but-undelivered interrupt must not land in the shield:
+         * take it back; shield exit delivers it. */
+        slot_take_back(s);
+    }
+    atomic_fetch_add(&s->gen, 1);
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *Shield_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)args;
+    (void)nargs;
+    Shield *sh = (Shield *)self;
+    tc_slot *s = sh->slot;
+    if (sh->state != 1 || s != t_slot) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "shield exited twice or in another thread than it was entered");
+        return NULL;
+    }
+    sh->state = 2;
+    if (atomic_fetch_sub(&s->shield, 1) == 1) {
+        int64_t now = now_ns();
+        atomic_fetch_add(&s->gen, 1);
+        if (s->fired != NULL || stack_due(s->top, now) != NULL)
+            return slot_deliver_held(s, now); /* here, synchronously */
+        wd_notify(atomic_load(&s->deadline));
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef Shield_methods[] = {
+    {"__enter__", Shield_enter, METH_NOARGS, "Hold interrupts back."},
+    {"__exit__", (PyCFunction)(void (*)(void))Shield_exit, METH_FASTCALL,
+     "Deliver a held-back interrupt."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot Shield_slots[] = {
+    {Py_tp_doc, "Context manager during which deadline interrupts are held back."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_methods, Shield_methods},
+    {0, NULL},
+};
+
+static PyType_Spec Shield_spec = {
+    "timeoutcore._core.Shield",
+    sizeof(Shield),
+    0,
+    Py_TPFLAGS_DEFAULT,
+    Shield_slots,
+};
+
+/* ------------------------------------------------------------------------ */
+/* Module functions                                                         */
+
+/* sleep(seconds): ends at the current thread's deadline and raises there. */
+static PyObject *mod_sleep(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    double secs;
+    int64_t target, until, now;
+    tc_slot *s = t_slot;
+    if (parse_seconds(arg, "sleep()", "seconds", &secs, 1) < 0)
+        return NULL;
+    if (isnan(secs)) {
+        PyErr_SetString(PyExc_TypeError, "sleep(): seconds must be a number, not None");
+        return NULL;
+    }
+    target = now_ns() + (int64_t)(secs * TC_NS_PER_S_F);
+    uint32_t raised0 = s != NULL ? atomic_load(&s->raised) : 0;
+    for (;;) {
+        int64_t dl = TC_NEVER;
+        uint32_t seen = 0;
+        if (s != NULL) {
+            seen = atomic_load(&s->wake);
+            if (slot_check(s))
+                return NULL;
+            if (atomic_load(&s->shield) == 0)
+                dl = atomic_load(&s->deadline);
+        }
+        until = dl < target ? dl : target;
+        /* Any return (woken, timed out, EINTR from our kick or another
+         * signal) leads to the same checks below. */
+        Py_BEGIN_ALLOW_THREADS
+        if (s != NULL)
+            (void)futex_wait_until(&s->wake, seen, until);
+        else {
+            struct timespec ts = to_ts(until);
+            (void)clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+        }
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+        if (s != NULL && atomic_load(&s->raised) != raised0)
+            Py_RETURN_NONE; /* a soft-limit exception is pending: let it land */
+        if (slot_check(s))
+            return NULL;
+        now = now_ns();
+        if (now >= target)
+            Py_RETURN_NONE;
+    }
+}
+
+/* checkpoint(): raise the interrupt here if this thread's deadline has
+ * passed (or has fired and was swallowed); else return None.  For waits that
+ * end by their own timeout at the deadline. */
+static PyObject *mod_checkpoint(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    if (slot_check(t_slot))
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_remaining(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    tc_slot *s = t_slot;
+    if (s == NULL || s->top == NULL)
+        Py_RETURN_NONE;
+    int64_t d = atomic_load(&s->deadline);
+    if (d == TC_NEVER)
+        Py_RETURN_NONE;
+    int64_t r = d - now_ns();
+    return PyFloat_FromDouble(r > 0 ? (double)r / TC_NS_PER_S_F : 0.0);
+}
+
+/* current_deadline(): this thread's effective (earliest) deadline as a
+ * time.monotonic() value, or None when no scope with a deadline is active. */
+static PyObject *mod_current_deadline(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    tc_slot *s = t_slot;
+    if (s == NULL || s->top == NULL)
+        Py_RETURN_NONE;
+    return ns_to_float(atomic_load(&s->deadline));
+}
+
+static PyObject *mod_current(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    tc_slot *s = t_slot;
+    if (s == NULL || s->top == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(s->top);
+    return s->top;
+}
+
+static PyObject *mod_shield(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyObject_CallNoArgs(g_shield_type);
+}
+
+/* _set_default_hook(hook or None): every scope created from now on gets it. */
+static PyObject *mod_set_default_hook(PyObject *m, PyObject *hook)
+{
+    (void)m;
+    if (hook != Py_None && !PyCallable_Check(hook)) {
+        PyErr_SetString(PyExc_TypeError, "the default hook must be callable or None");
+        return NULL;
+    }
+    if (hook == Py_None)
+        Py_CLEAR(g_default_hook);
+    else {
+        Py_INCREF(hook);
+        Py_XSETREF(g_default_hook, hook);
+    }
+    Py_RETURN_NONE;
+}
+
+/* _raise_in_scope(scope, exc_type) -> bool: raise exc_type asynchronously in
+ * the thread running `scope`, if the scope is still active, not shielded and
+ * its deadline has not fired.  Atomic with respect to the scope's exit (both
+ * hold the GIL); the exit takes back an undelivered one. */
+static PyObject *mod_raise_in_scope(PyObject *m, PyObject *args)
+{
+    (void)m;
+    PyObject *scope, *exc;
+    Scope *sc;
+    tc_slot *s;
+    if (!PyArg_ParseTuple(args, "OO:_raise_in_scope", &scope, &exc))
+        return NULL;
+    if (!PyObject_TypeCheck(scope, (PyTypeObject *)g_scope_type)) {
+        PyErr_SetString(PyExc_TypeError, "_raise_in_scope() needs a deadline scope");
+        return NULL;
+    }
+    if (!PyType_Check(exc) || !PyType_IsSubtype((PyTypeObject *)exc,
+                                                 (PyTypeObject *)PyExc_BaseException)) {
+        PyErr_SetString(PyExc_TypeError, "_raise_in_scope() needs an exception class");
+        return NULL;
+    }
+    sc = as_scope(scope);
+    s = sc->slot;
+    if (sc->state != SCOPE_ACTIVE || s == NULL || atomic_load(&s->shield) > 0 ||
+        atomic_load(&s->state) == SLOT_INJECTED)
+        Py_RETURN_FALSE;
+    if (tc_find_tstate(s->ident) == NULL)
+        Py_RETURN_FALSE; /* its thread is gone (a stale scope) */
+    sc->soft_pending = 1;
+    atomic_fetch_add(&s->raised, 1);
+    slot_inject(s, exc);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *mod_setup(PyObject *m, PyObject *args)
+{
+    (void)m;
+    PyObject *interrupt, *exceeded;
+    if (!PyArg_ParseTuple(args, "OO:_setup", &interrupt, &exceeded))
+        return NULL;
+    Py_INCREF(interrupt);
+    Py_XSETREF(g_interrupt, interrupt);
+    Py_INCREF(exceeded);
+    Py_XSETREF(g_exceeded, exceeded);
+    Py_RETURN_NONE;
+}
+
+/* Stop and join the watchdog (atexit).  Safe to call more than once. */
+static PyObject *mod_shutdown(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    int err = wd_stop();
+    if (err != 0) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+/* _anticipation() -> (lead, switch) in seconds: how long before a deadline
+ * the watchdog asks for the GIL, and the switch interval it plans with. */
+static PyObject *mod_anticipation(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return Py_BuildValue("(dd)", (double)atomic_load(&g_lead) / TC_NS_PER_S_F,
+                         (double)atomic_load(&g_switch) / TC_NS_PER_S_F);
+}
+
+static PyObject *mod_watchdog_running(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return PyBool_FromLong(wd_running());
+}
+
+/* Start the watchdog again if any live slot has an armed deadline (after a
+ * fork, in parent or child).  GIL held. */
+static PyObject *mod_ensure_watchdog(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    int need = 0;
+    pthread_mutex_lock(&g_mu);
+    for (tc_slot *s = g_slots; s != NULL; s = s->next)
+        if (s->alive && atomic_load(&s->deadline) != TC_NEVER)
+            need = 1;
+    pthread_mutex_unlock(&g_mu);
+    if (need && wd_ensure() < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef mod_methods[] = {
+    {"sleep", mod_sleep, METH_O,
+     "sleep(seconds): like time.sleep, but ends at this thread's deadline and raises there."},
+    {"checkpoint", mod_checkpoint, METH_NOARGS,
+     "checkpoint(): raise here if this thread's deadline has passed; else None."},
+    {"remaining", mod_remaining, METH_NOARGS,
+     "Seconds left before this thread's earliest deadline, or None when unguarded."},
+    {"current_deadline", mod_current_deadline, METH_NOARGS,
+     "This thread's earliest deadline as a time.monotonic() value, or None."},
+    {"current_scope", mod_current, METH_NOARGS,
+     "The innermost active scope of this thread, or None."},
+    {"shield", mod_shield, METH_NOARGS,
+     "shield(): a context manager holding deadline interrupts back until it exits."},
+    {"_setup", mod_setup, METH_VARARGS, "Register the exception classes."},
+    {"_set_default_hook", mod_set_default_hook, METH_O, "Hook given to every new scope."},
+    {"_raise_in_scope", mod_raise_in_scope, METH_VARARGS,
+     "Raise an exception class in the thread running an active scope."},
+    {"_shutdown", mod_shutdown, METH_NOARGS, "Stop and join the watchdog."},
+    {"_anticipation", mod_anticipation, METH_NOARGS,
+     "(lead, switch interval) in seconds, as the watchdog plans with them."},
+    {"_watchdog_running", mod_watchdog_running, METH_NOARGS, "Whether the watchdog runs."},
+    {"_ensure_watchdog", mod_ensure_watchdog, METH_NOARGS,
+     "Start the watchdog if an armed deadline needs it (after fork)."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ------------------------------------------------------------------------ */
+/* fork                                                                     */
+
+static void atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
+static void atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
+
+/* In the child, right after fork(), where only the forking thread exists:
+ * the watchdog and every other thread are gone, and so are the parent's
+ * kernel timers (they are not inherited).  g_mu was taken by this same
+ * thread in atfork_prepare, so unlocking it is valid; besides that, only
+ * raw syscalls and plain stores.  (Python-level work -- restarting the
+ * watchdog -- is done later by _ensure_watchdog from os.register_at_fork.) */
+static void atfork_child(void)
+{
+    pthread_mutex_unlock(&g_mu);
+    wd_forget_after_fork();
+    atomic_store(&g_st.timers_live, 0);
+    atomic_store(&g_st.slots_live, 0);
+    for (tc_slot *s = g_slots; s != NULL; s = s->next) {
+        s->timer_ok = 0;
+        if (s == t_slot && s->alive) {
+            s->tid = (pid_t)syscall(SYS_gettid);
+            STAT_INC(slots_live);
+            (void)timer_make(s); /* without a timer, kick() uses tgkill */
+        }
+        else {
+            s->alive = 0;
+            atomic_store(&s->deadline, TC_NEVER);
+            atomic_store(&s->state, SLOT_IDLE);
+            atomic_fetch_add(&s->gen, 1);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Entry points for cffi (called without the GIL)                          */
+
+static struct PyModuleDef g_moddef = {
+    PyModuleDef_HEAD_INIT, NULL, "timeoutcore native core", -1, NULL, NULL, NULL, NULL, NULL,
+};
+
+static int export_locked(const char *modname)
+{
+    PyObject *mod, *t;
+    if (!g_key_ok) {
+        if (pthread_key_create(&g_key, slot_release) != 0) {
+            PyErr_SetString(PyExc_RuntimeError, "timeoutcore: pthread_key_create failed");
+            return -1;
+        }
+        g_key_ok = 1;
+        if (pthread_atfork(atfork_prepare, atfork_parent, atfork_child) != 0) {
+            PyErr_SetString(PyExc_RuntimeError, "timeoutcore: pthread_atfork failed");
+            return -1;
+        }
+    }
+    g_moddef.m_name = modname;
+    mod = PyModule_Create(&g_moddef);
+    if (mod == NULL)
+        return -1;
+    if (PyModule_AddFunctions(mod, mod_methods) < 0)
+        goto fail;
+    if (g_scope_type == NULL && (g_scope_type = PyType_FromSpec(&Scope_spec)) == NULL)
+        goto fail;
+    if (g_shield_type == NULL && (g_shield_type = PyType_FromSpec(&Shield_spec)) == NULL)
+        goto fail;
+    Py_INCREF(g_scope_type);
+    if (PyModule_AddObject(mod, "Scope", g_scope_type) < 0) {
+        Py_DECREF(g_scope_type);
+        goto fail;
+    }
+    Py_INCREF(g_shield_type);
+    if (PyModule_AddObject(mod, "Shield", g_shield_type) < 0) {
+        Py_DECREF(g_shield_type);
+        goto fail;
+    }
+    t = PyImport_GetModuleDict();
+    if (PyDict_SetItemString(t, modname, mod) < 0)
+        goto fail;
+    Py_DECREF(mod);
+    return 0;
+fail:
+    Py_DECREF(mod);
+    return -1;
+}
+
+int tc_export(const char *modname)
+{
+    PyGILState_STATE gs = PyGILState_Ensure();
+    int r = export_locked(modname);
+    if (r < 0)
+        PyErr_Print();
+    PyGILState_Release(gs);
+    return r;
+}
+
+void tc_get_stats(struct tc_stats *o)
+{
+    o->slots_live = atomic_load(&g_st.slots_live);
+    o->timers_live = atomic_load(&g_st.timers_live);
+    o->fires = atomic_load(&g_st.fires);
+    o->reinjections = atomic_load(&g_st.reinjections);
+    o->kicks = atomic_load(&g_st.kicks);
+    o->signals_seen = atomic_load(&g_st.signals_seen);
+    o->watchdog_wakeups = atomic_load(&g_st.watchdog_wakeups);
+    o->gil_takes = atomic_load(&g_st.gil_takes);
+    o->requeues = atomic_load(&g_st.requeues);
+    o->stale_scopes = atomic_load(&g_st.stale_scopes);
+}
+
+int tc_signal_number(void) { return g_signo; }
+
+int tc_watchdog_tid(void) { return wd_running() ? atomic_load(&g_wd_tid) : 0; }
+
+int tc_bench_timer_pair(long n) { return timer_bench_pairs(t_slot, n); }

@@ -1,0 +1,226 @@
+/*
+ * tc_os.c -- the operating-system layer: clock, futex, the signal handler,
+ * per-thread kernel timers and the kick.  Part of the unity build
+ * (timeoutcore.c); nothing here touches Python objects except
+ * install_handler's error reporting (GIL held there).
+ */
+
+/* -- Clock and futex --------------------------------------------------------- */
+
+static inline int64_t now_ns(void)
+{
+    struct timespec ts;
+    /* CLOCK_MONOTONIC cannot fail with a valid pointer. */
+    (void)clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * TC_NS_PER_S + ts.tv_nsec;
+}
+
+static inline struct timespec to_ts(int64_t ns)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)(ns / TC_NS_PER_S);
+    ts.tv_nsec = (long)(ns % TC_NS_PER_S);
+    return ts;
+}
+
+/* Wait on a futex word until woken, `abs` (CLOCK_MONOTONIC) passes or a
+ * signal arrives.  Returns 0 or the errno (ETIMEDOUT, EINTR, EAGAIN). */
+static int futex_wait_until(_Atomic uint32_t *w, uint32_t seen, int64_t abs)
+{
+    struct timespec ts, *tsp = NULL;
+    if (abs != TC_NEVER) {
+        ts = to_ts(abs);
+        tsp = &ts;
+    }
+    long r = syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_BITSET | FUTEX_PRIVATE_FLAG, seen,
+                     tsp, NULL, FUTEX_BITSET_MATCH_ANY);
+    return r == -1 ? errno : 0;
+}
+
+static void futex_wake_all(_Atomic uint32_t *w)
+{
+    /* FUTEX_WAKE only fails for a bad address, which this is not. */
+    (void)syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, INT32_MAX, NULL,
+                  NULL, 0);
+}
+
+/* Sleep until `t` (CLOCK_MONOTONIC), whatever signals arrive meanwhile. */
+static void sleep_until(int64_t t)
+{
+    struct timespec ts = to_ts(t);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+/* -- The signal handler: async-signal-safe, tiny ----------------------------- */
+
+/* Its one purpose is to exist: installed without SA_RESTART, it makes the
+ * guarded thread's blocking system call fail with EINTR.  Decisions are
+ * taken from the slot's state, never from the signal, so a stale or late
+ * signal is harmless. */
+static void tc_handler(int signo, siginfo_t *si, void *uc)
+{
+    int saved = errno;
+    (void)signo;
+    (void)si;
+    (void)uc;
+    STAT_INC(signals_seen);
+    errno = saved;
+}
+
+/* Parse TIMEOUTCORE_SIGNAL: "", "SIGRTMIN+3", "RTMIN+3", "SIGRTMAX-2", "40". */
+static int parse_signal(const char *s, int *out)
+{
+    char *end;
+    long base = 0, off = 0;
+    if (s == NULL || *s == '\0') {
+        *out = SIGRTMIN + 3;
+        return 0;
+    }
+    if (strncmp(s, "SIG", 3) == 0)
+        s += 3;
+    if (strncmp(s, "RTMIN", 5) == 0) {
+        base = SIGRTMIN;
+        s += 5;
+    }
+    else if (strncmp(s, "RTMAX", 5) == 0) {
+        base = SIGRTMAX;
+        s += 5;
+    }
+    if (base != 0 && *s == '\0') {
+        *out = (int)base;
+        return 0;
+    }
+    errno = 0;
+    off = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0')
+        return -1;
+    if (base == 0 && (s[0] == '+' || s[0] == '-'))
+        return -1;
+    *out = (int)(base + off);
+    return 0;
+}
+
+/* Install the handler once (GIL held).  A signal someone else handles is
+ * refused, never clobbered.  Returns 0, or -1 with a Python exception. */
+static int install_handler(void)
+{
+    struct sigaction old, sa;
+    int signo;
+    const char *env = getenv("TIMEOUTCORE_SIGNAL");
+
+    if (g_signo != 0)
+        return 0;
+    if (parse_signal(env, &signo) < 0 || signo < 1 || signo >= NSIG || signo == SIGKILL ||
+        signo == SIGSTOP) {
+        PyErr_Format(PyExc_ValueError,
+                     "TIMEOUTCORE_SIGNAL=%s is not a usable signal: give a number, or "
+                     "SIGRTMIN+k / SIGRTMAX-k (default SIGRTMIN+3)",
+                     env);
+        return -1;
+    }
+    if (sigaction(signo, NULL, &old) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    if ((old.sa_flags & SA_SIGINFO) ? old.sa_sigaction != tc_handler
+                                    : old.sa_handler != SIG_DFL) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "timeoutcore: signal %d already has a handler installed by someone "
+                     "else; it is not replaced. Choose a free signal with the environment "
+                     "variable TIMEOUTCORE_SIGNAL (e.g. SIGRTMIN+5)",
+                     signo);
+        return -1;
+    }
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = tc_handler;
+    sa.sa_flags = SA_SIGINFO; /* no SA_RESTART: blocking calls must see EINTR */
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(signo, &sa, NULL) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    g_signo = signo;
+    return 0;
+}
+
+/* -- Per-thread kernel timers ------------------------------------------------ */
+
+/* Kernel ABI for timer_create with SIGEV_THREAD_ID.  glibc spells the target
+ * field sigev_notify_thread_id (a macro), musl differs; the raw syscall with
+ * the kernel's own layout works with every libc. */
+#ifndef SIGEV_THREAD_ID
+#define SIGEV_THREAD_ID 4
+#endif
+struct tc_ksigevent {
+    union sigval value;
+    int signo;
+    int notify;
+    int tid;
+    int pad[11]; /* the kernel's sigevent is 64 bytes */
+};
+
+/* Create the slot's timer, aimed at its thread.  g_mu held (or the atfork
+ * child).  Returns 0 or the errno (EAGAIN past RLIMIT_SIGPENDING). */
+static int timer_make(tc_slot *s)
+{
+    struct tc_ksigevent ev;
+    int id = -1;
+    memset(&ev, 0, sizeof ev);
+    ev.signo = g_signo;
+    ev.notify = SIGEV_THREAD_ID;
+    ev.tid = s->tid;
+    if (syscall(SYS_timer_create, CLOCK_MONOTONIC, &ev, &id) != 0)
+        return errno;
+    s->timer_id = id;
+    s->timer_ok = 1;
+    STAT_INC(timers_live);
+    return 0;
+}
+
+/* Delete the slot's timer.  g_mu held. */
+static void timer_drop(tc_slot *s)
+{
+    if (s->timer_ok) {
+        /* Fails only for an invalid id; then there is nothing to delete. */
+        if (syscall(SYS_timer_delete, s->timer_id) == 0)
+            STAT_DEC(timers_live);
+        s->timer_ok = 0;
+    }
+}
+
+/* Send the thread-directed signal now, through the thread's own timer (one
+ * nanosecond from now); tgkill when the thread has no timer. */
+static void kick(tc_slot *s)
+{
+    if (s->timer_ok) {
+        struct itimerspec its;
+        memset(&its, 0, sizeof its);
+        its.it_value.tv_nsec = 1;
+        if (syscall(SYS_timer_settime, s->timer_id, 0, &its, NULL) == 0) {
+            STAT_INC(kicks);
+            return;
+        }
+    }
+    if (syscall(SYS_tgkill, getpid(), s->tid, g_signo) == 0)
+        STAT_INC(kicks);
+}
+
+/* `n` arm+disarm pairs of the slot's timer (what eager arming would cost
+ * per block).  Returns 0 or an errno. */
+static int timer_bench_pairs(tc_slot *s, long n)
+{
+    struct itimerspec on, off;
+    if (s == NULL || !s->timer_ok)
+        return ENOENT;
+    memset(&on, 0, sizeof on);
+    memset(&off, 0, sizeof off);
+    for (long i = 0; i < n; i++) {
+        on.it_value = to_ts(now_ns() + TC_BENCH_FAR_NS);
+        if (syscall(SYS_timer_settime, s->timer_id, TIMER_ABSTIME, &on, NULL) != 0)
+            return errno;
+        if (syscall(SYS_timer_settime, s->timer_id, 0, &off, NULL) != 0)
+            return errno;
+    }
+    return 0;
+}

@@ -1,0 +1,651 @@
+/*
+ * tc_scope.c -- the Scope type behind thread_deadline(): argument parsing,
+ * __enter__/__exit__ and the read-only views.  Part of the unity build
+ * (timeoutcore.c).
+ *
+ * __enter__ and __exit__ run in the guarded thread with the GIL and never
+ * release it between "the block finished" and "disarmed, pending interrupt
+ * taken back": no bytecode runs there, so the interrupt cannot surface after
+ * the block.  The only Python code they call is the scope's hook, before
+ * arming (enter) and after disarming, shielded (exit).
+ */
+
+/* Parse a positive finite number of seconds; NULL/None -> NAN.  Names the
+ * argument in the error. */
+static int parse_seconds(PyObject *o, const char *fn, const char *arg, double *out,
+                         int allow_zero)
+{
+    double v;
+    if (o == NULL || o == Py_None) {
+        *out = NAN;
+        return 0;
+    }
+    if (PyBool_Check(o) || !(PyFloat_Check(o) || PyLong_Check(o))) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: %s must be a number of seconds (int or float) or None, not %.100s",
+                     fn, arg, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    v = PyFloat_AsDouble(o);
+    if (v == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!isfinite(v) || v < 0 || (!allow_zero && v == 0)) {
+        PyErr_Format(PyExc_ValueError, "%s: %s must be a %s finite number of seconds, got %R",
+                     fn, arg, allow_zero ? "non-negative" : "positive", o);
+        return -1;
+    }
+    if (v > TC_MAX_SECONDS) {
+        PyErr_Format(PyExc_ValueError, "%s: %s is too large (%R s; at most 3e8)", fn, arg, o);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Absolute time.monotonic() value -> ns. */
+static int parse_when(PyObject *o, const char *fn, int64_t *out)
+{
+    double v;
+    if (PyBool_Check(o) || !(PyFloat_Check(o) || PyLong_Check(o))) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s: when must be a time.monotonic() value (int or float), not %.100s", fn,
+                     Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    v = PyFloat_AsDouble(o);
+    if (v == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!isfinite(v) || v < 0 || v > TC_MAX_MONOTONIC) {
+        PyErr_Format(PyExc_ValueError, "%s: when must be a finite time.monotonic() value, got %R",
+                     fn, o);
+        return -1;
+    }
+    *out = (int64_t)llround(v * TC_NS_PER_S_F);
+    return 0;
+}
+
+static int Scope_init(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"seconds", "label", "raise_on_timeout", "deadline", NULL};
+    PyObject *seconds = Py_None, *label = Py_None, *deadline = Py_None;
+    int raise_on_timeout = 1;
+    Scope *sc = as_scope(self);
+    double v;
+
+    PyObject *known = kw, *extras = NULL;
+    int r;
+
+    if (sc->state != SCOPE_NEW || sc->entered != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "a deadline scope cannot be re-initialised");
+        return -1;
+    }
+    if (kw != NULL && PyDict_GET_SIZE(kw) > 0) {
+        /* Keywords this type does not know (soft=..., on_soft=...) go to the
+         * Python subclass's _init_extras(); the plain path stays in C. */
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(kw, &pos, &key, &value)) {
+            int is_known = 0;
+            for (char **k = kwlist; *k != NULL; k++)
+                if (PyUnicode_CompareWithASCIIString(key, *k) == 0)
+                    is_known = 1;
+            if (is_known)
+                continue;
+            if (extras == NULL) {
+                if ((extras = PyDict_New()) == NULL || (known = PyDict_Copy(kw)) == NULL)
+                    goto fail;
+            }
+            if (PyDict_SetItem(extras, key, value) < 0 || PyDict_DelItem(known, key) < 0)
+                goto fail;
+        }
+    }
+    r = PyArg_ParseTupleAndKeywords(args, known, "|O$OpO:thread_deadline", kwlist, &seconds,
+                                    &label, &raise_on_timeout, &deadline);
+    if (known != kw)
+        Py_DECREF(known);
+    known = kw;
+    if (!r)
+        goto fail;
+    if (parse_seconds(seconds, "thread_deadline()", "seconds", &v, 0) < 0)
+        goto fail;
+    if (label != Py_None && !PyUnicode_Check(label)) {
+        PyErr_Format(PyExc_TypeError, "thread_deadline(): label must be a str or None, not %.100s",
+                     Py_TYPE(label)->tp_name);
+        goto fail;
+    }
+    sc->seconds = v;
+    sc->deadline = TC_NEVER;
+    sc->has_deadline_arg = 0;
+    if (deadline != Py_None) {
+        if (!isnan(v)) {
+            PyErr_SetString(PyExc_TypeError,
+                            "thread_deadline(): give either seconds or deadline, not both");
+            goto fail;
+        }
+        if (parse_when(deadline, "thread_deadline_at()", &sc->deadline) < 0)
+            goto fail;
+        sc->has_deadline_arg = 1;
+    }
+    sc->raise_on_timeout = raise_on_timeout;
+    Py_INCREF(label);
+    Py_XSETREF(sc->label, label);
+    Py_XINCREF(g_default_hook);
+    Py_XSETREF(sc->hook, g_default_hook);
+    if (extras != NULL) {
+        PyObject *res = PyObject_CallMethod(self, "_init_extras", "O", extras);
+        Py_DECREF(extras);
+        if (res == NULL)
+            return -1;
+        Py_DECREF(res);
+    }
+    return 0;
+fail:
+    if (known != kw)
+        Py_DECREF(known);
+    Py_XDECREF(extras);
+    return -1;
+}
+
+static int Scope_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(as_scope(self)->label);
+    Py_VISIT(as_scope(self)->parent);
+    Py_VISIT(as_scope(self)->hook);
+    Py_VISIT(as_scope(self)->exit_exc);
+#if TC_TRACK_FRAMES
+    Py_VISIT(as_scope(self)->frame);
+#endif
+    Py_VISIT(Py_TYPE(self));
+    return 0;
+}
+
+static int Scope_clear(PyObject *self)
+{
+    Py_CLEAR(as_scope(self)->label);
+    Py_CLEAR(as_scope(self)->parent);
+    Py_CLEAR(as_scope(self)->hook);
+    Py_CLEAR(as_scope(self)->exit_exc);
+#if TC_TRACK_FRAMES
+    Py_CLEAR(as_scope(self)->frame);
+#endif
+    return 0;
+}
+
+static void Scope_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    Scope_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyObject *Scope_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *self = PyType_GenericNew(type, args, kw);
+    if (self != NULL) {
+        Scope *sc = as_scope(self);
+        sc->seconds = NAN;
+        sc->deadline = TC_NEVER;
+        sc->raise_on_timeout = 1;
+        Py_INCREF(Py_None);
+        sc->label = Py_None;
+    }
+    return self;
+}
+
+static PyObject *Scope_enter(PyObject *self, PyObject *unused)
+{
+    Scope *sc = as_scope(self);
+    tc_slot *s;
+    int64_t now;
+    (void)unused;
+
+    if (sc->state != SCOPE_NEW) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        sc->state == SCOPE_ACTIVE
+                            ? "this deadline scope is already active; scopes are not re-entrant"
+                            : "this deadline scope was already used; scopes are not reusable "
+                              "(create a new one, or use it as a decorator)");
+        return NULL;
+    }
+    s = t_slot;
+    if (s == NULL && (s = slot_get()) == NULL)
+        return NULL;
+#if TC_TRACK_FRAMES
+    {
+        PyFrameObject *f = PyEval_GetFrame();
+        if (s->top != NULL) {
+            Py_XINCREF(f);
+            if (slot_prune_stale(s, f))
+                slot_publish(s);
+        }
+        Py_XINCREF(f);
+        Py_XSETREF(sc->frame, (PyObject *)f);
+    }
+#endif
+    if (s->top != NULL && atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL &&
+        PyErr_Occurred() == NULL) {
+        /* An enclosing scope has fired and the body carried on (it swallowed
+         * the interrupt).  Nothing new may start inside it: raise again. */
+        return slot_raise_here(s);
+    }
+    if (sc->hook != NULL) {
+        /* Before anything is armed: if the hook fails, nothing is left. */
+        PyObject *r = PyObject_CallFunction(sc->hook, "OsO", self, "enter", Py_None);
+        if (r == NULL)
+            return NULL;
+        Py_DECREF(r);
+    }
+    now = now_ns();
+    if (!sc->has_deadline_arg)
+        sc->deadline = isnan(sc->seconds) ? TC_NEVER : now + (int64_t)(sc->seconds * TC_NS_PER_S_F);
+    if (!wd_running() && sc->deadline != TC_NEVER && wd_ensure() < 0)
+        return NULL;
+    sc->entered = now;
+    sc->state = SCOPE_ACTIVE;
+    sc->slot = s;
+    sc->ident = s->ident;
+    sc->native_id = s->tid;
+    Py_XSETREF(sc->parent, s->top); /* steals the slot's reference */
+    Py_INCREF(self);
+    s->top = self;
+    if (sc->deadline <= now && atomic_load(&s->shield) == 0) {
+        /* Already past: the watchdog fires at once (raising here would
+         * escape: the with statement has not started its block yet). */
+        slot_publish(s);
+    }
+    else if (sc->deadline < atomic_load(&s->deadline) || s->top == self) {
+        atomic_store(&s->deadline, sc->deadline < atomic_load(&s->deadline)
+                                       ? sc->deadline
+                                       : atomic_load(&s->deadline));
+        if (atomic_load(&s->state) != SLOT_INJECTED)
+            atomic_store(&s->state,
+                         atomic_load(&s->deadline) == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
+        atomic_fetch_add(&s->gen, 1);
+        wd_notify(sc->deadline);
+    }
+    Py_INCREF(self);
+    return self;
+}
+
+/* Build DeadlineExceeded for `self` and set it as the current error. */
+static void raise_exceeded(PyObject *self, int interrupt_was_in_flight)
+{
+    PyObject *exc = PyObject_CallFunctionObjArgs(g_exceeded, self, NULL);
+    if (exc == NULL)
+        return;
+    PyErr_SetObject((PyObject *)Py_TYPE(exc), exc); /* a subclass when cancelled */
+    if (interrupt_was_in_flight) {
+        /* "raise DeadlineExceeded from None": the internal interrupt is noise. */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        PyErr_NormalizeException(&et, &ev, &tb);
+        if (ev != NULL)
+            PyException_SetCause(ev, NULL);
+        PyErr_Restore(et, ev, tb);
+    }
+    Py_DECREF(exc);
+}
+
+/* Call the scope's hook at exit, shielded: the block is over, no deadline
+ * interrupt may land in the hook.  A failing hook is reported as unraisable.
+ * Returns 1 if an enclosing scope's interrupt was held back meanwhile. */
+static int run_exit_hook(tc_slot *s, PyObject *self, PyObject *exc)
+{
+    PyObject *hook = as_scope(self)->hook, *r, *et, *ev, *tb;
+    int held;
+    atomic_fetch_add(&s->shield, 1);
+    if (s->fired != NULL && atomic_load(&s->state) == SLOT_INJECTED)
+        slot_take_back(s);
+    PyErr_Fetch(&et, &ev, &tb);
+    Py_INCREF(hook);
+    r = PyObject_CallFunction(hook, "OsO", self, "exit", exc);
+    if (r == NULL)
+        PyErr_WriteUnraisable(hook);
+    Py_XDECREF(r);
+    Py_DECREF(hook);
+    PyErr_Restore(et, ev, tb);
+    atomic_fetch_sub(&s->shield, 1);
+    atomic_fetch_add(&s->gen, 1);
+    /* Inside an enclosing shield nothing is held here: that shield's exit
+     * delivers it. */
+    held = atomic_load(&s->shield) == 0 &&
+           (s->fired != NULL || (s->top != NULL && stack_due(s->top, now_ns()) != NULL));
+    if (!held)
+        wd_notify(atomic_load(&s->deadline));
+    return held;
+}
+
+static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Scope *sc = as_scope(self);
+    tc_slot *s = t_slot;
+    PyObject *exc_type = nargs > 0 ? args[0] : Py_None;
+    int claimed = 0, in_flight;
+    int64_t now;
+
+    if (sc->state != SCOPE_ACTIVE) {
+        PyErr_SetString(PyExc_RuntimeError, "__exit__ of a deadline scope that is not active");
+        return NULL;
+    }
+    if (s == NULL || sc->slot != s) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "a deadline scope must be exited in the thread that entered it");
+        return NULL;
+    }
+    /* From here to the end no bytecode runs and the GIL is never released:
+     * the interrupt cannot land after this point. */
+    now = now_ns();
+    stack_pop_stale_above(s, self);
+    s->top = sc->parent; /* the slot's reference moves to the parent */
+    sc->parent = NULL;
+    sc->state = SCOPE_DONE;
+    sc->exited = now;
+    sc->slot = NULL;
+#if TC_TRACK_FRAMES
+    Py_CLEAR(sc->frame); /* no finalizer can run: the with statement holds it */
+#endif
+    if (s->fired == self) {
+        claimed = 1;
+        slot_claim(s);
+    }
+    else if (atomic_load(&s->state) == SLOT_INJECTED && s->fired == NULL) {
+        atomic_store(&s->state, SLOT_IDLE); /* a shielded or stale leftover */
+    }
+    if (sc->soft_pending) {
+        /* A soft-limit exception raised into the block and not delivered
+         * must not land after it.  (A pending interrupt of an enclosing scope
+         * cleared with it is raised again by the watchdog.) */
+        sc->soft_pending = 0;
+        slot_take_back(s);
+    }
+    slot_publish(s);
+    if (nargs > 1 && args[1] != Py_None) {
+        Py_INCREF(args[1]);
+        Py_XSETREF(sc->exit_exc, args[1]);
+    }
+    in_flight = exc_type != Py_None && PyType_Check(exc_type) &&
+                PyObject_IsSubclass(exc_type, g_interrupt) == 1;
+    if (sc->hook != NULL && run_exit_hook(s, self, nargs > 1 ? args[1] : Py_None)) {
+        /* an enclosing deadline passed while the hook ran (shielded): deliver it
+         * now, and make it fire first if the watchdog held off, so that the
+         * enclosing scope claims its interrupt at its own exit */
+        Py_DECREF(self);
+        return slot_deliver_held(s, now_ns());
+    }
+    if (!claimed && s->top != NULL && stack_due(s->top, now) != NULL && s->fired == NULL &&
+        atomic_load(&s->shield) == 0) {
+        /* An enclosing deadline passed meanwhile: it fires now, here. */
+        Py_DECREF(self);
+        slot_fire(s, now, 1);
+        return NULL;
+    }
+    Py_DECREF(self); /* the slot's reference */
+    if (claimed) {
+        if (!sc->raise_on_timeout)
+            Py_RETURN_TRUE;
+        raise_exceeded(self, in_flight);
+        return NULL;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyObject *ns_to_float(int64_t ns)
+{
+    if (ns == TC_NEVER)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble((double)ns / TC_NS_PER_S_F);
+}
+
+static PyObject *Scope_when(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Scope *sc = as_scope(self);
+    if (sc->state == SCOPE_NEW && !sc->has_deadline_arg)
+        Py_RETURN_NONE;
+    return ns_to_float(sc->deadline);
+}
+
+static PyObject *Scope_reschedule(PyObject *self, PyObject *when)
+{
+    Scope *sc = as_scope(self);
+    int64_t d;
+    if (when == Py_None)
+        d = TC_NEVER;
+    else if (parse_when(when, "reschedule()", &d) < 0)
+        return NULL;
+    if (sc->state == SCOPE_DONE) {
+        PyErr_SetString(PyExc_RuntimeError, "reschedule() on a scope that has exited");
+        return NULL;
+    }
+    sc->deadline = d;
+    if (sc->state == SCOPE_NEW) {
+        sc->has_deadline_arg = 1;
+        sc->seconds = NAN;
+        Py_RETURN_NONE;
+    }
+    tc_slot *s = sc->slot;
+    if (s != NULL && s->fired == NULL) {
+        slot_publish(s);
+        if (t_slot == s && d <= now_ns() && atomic_load(&s->shield) == 0) {
+            slot_fire(s, now_ns(), 1);
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Scope_expired(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    return PyBool_FromLong(as_scope(self)->expired);
+}
+
+static PyObject *Scope_remaining(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Scope *sc = as_scope(self);
+    if (sc->deadline == TC_NEVER || (sc->state == SCOPE_NEW && !sc->has_deadline_arg)) {
+        if (sc->state == SCOPE_NEW && !isnan(sc->seconds))
+            return PyFloat_FromDouble(sc->seconds);
+        Py_RETURN_NONE;
+    }
+    int64_t end = sc->state == SCOPE_DONE ? sc->exited : now_ns();
+    int64_t r = sc->deadline - end;
+    return PyFloat_FromDouble(r > 0 ? (double)r / TC_NS_PER_S_F : 0.0);
+}
+
+static PyObject *Scope_elapsed(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    Scope *sc = as_scope(self);
+    if (sc->state == SCOPE_NEW)
+        return PyFloat_FromDouble(0.0);
+    int64_t end = sc->state == SCOPE_DONE ? sc->exited : now_ns();
+    return PyFloat_FromDouble((double)(end - sc->entered) / TC_NS_PER_S_F);
+}
+
+static PyObject *Scope_get_label(PyObject *self, void *c)
+{
+    (void)c;
+    Py_INCREF(as_scope(self)->label);
+    return as_scope(self)->label;
+}
+
+static PyObject *Scope_get_limit(PyObject *self, void *c)
+{
+    (void)c;
+    Scope *sc = as_scope(self);
+    if (!isnan(sc->seconds))
+        return PyFloat_FromDouble(sc->seconds);
+    if (sc->deadline == TC_NEVER || sc->state == SCOPE_NEW)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble((double)(sc->deadline - sc->entered) / TC_NS_PER_S_F);
+}
+
+static PyObject *Scope_get_overshoot(PyObject *self, void *c)
+{
+    (void)c;
+    Scope *sc = as_scope(self);
+    if (!sc->expired || sc->state != SCOPE_DONE)
+        Py_RETURN_NONE;
+    int64_t o = sc->exited - sc->deadline;
+    return PyFloat_FromDouble(o > 0 ? (double)o / TC_NS_PER_S_F : 0.0);
+}
+
+static PyObject *Scope_get_fired_at(PyObject *self, void *c)
+{
+    (void)c;
+    if (!as_scope(self)->expired)
+        Py_RETURN_NONE;
+    return ns_to_float(as_scope(self)->fired_at);
+}
+
+static PyObject *Scope_get_entered_at(PyObject *self, void *c)
+{
+    (void)c;
+    if (as_scope(self)->state == SCOPE_NEW)
+        Py_RETURN_NONE;
+    return ns_to_float(as_scope(self)->entered);
+}
+
+static PyObject *Scope_get_exited_at(PyObject *self, void *c)
+{
+    (void)c;
+    if (as_scope(self)->state != SCOPE_DONE || as_scope(self)->exited == 0)
+        Py_RETURN_NONE;
+    return ns_to_float(as_scope(self)->exited);
+}
+
+static PyObject *Scope_get_active(PyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(as_scope(self)->state == SCOPE_ACTIVE);
+}
+
+static PyObject *Scope_get_used(PyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(as_scope(self)->state != SCOPE_NEW);
+}
+
+static PyObject *Scope_get_raise(PyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(as_scope(self)->raise_on_timeout);
+}
+
+static PyObject *Scope_get_native_id(PyObject *self, void *c)
+{
+    (void)c;
+    if (as_scope(self)->state == SCOPE_NEW)
+        Py_RETURN_NONE;
+    return PyLong_FromLong((long)as_scope(self)->native_id);
+}
+
+static PyObject *Scope_get_exit_exc(PyObject *self, void *c)
+{
+    (void)c;
+    PyObject *e = as_scope(self)->exit_exc;
+    if (e == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(e);
+    return e;
+}
+
+static PyObject *Scope_get_hook(PyObject *self, void *c)
+{
+    (void)c;
+    PyObject *h = as_scope(self)->hook;
+    if (h == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(h);
+    return h;
+}
+
+static int Scope_set_hook(PyObject *self, PyObject *value, void *c)
+{
+    (void)c;
+    if (as_scope(self)->state == SCOPE_DONE) {
+        PyErr_SetString(PyExc_RuntimeError, "a scope's hook cannot be set after it exited");
+        return -1;
+    }
+    if (value != NULL && value != Py_None && !PyCallable_Check(value)) {
+        PyErr_SetString(PyExc_TypeError, "_hook must be callable or None");
+        return -1;
+    }
+    if (value == Py_None)
+        value = NULL;
+    Py_XINCREF(value);
+    Py_XSETREF(as_scope(self)->hook, value);
+    return 0;
+}
+
+static PyObject *Scope_get_thread_ident(PyObject *self, void *c)
+{
+    (void)c;
+    if (as_scope(self)->state == SCOPE_NEW)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(as_scope(self)->ident);
+}
+
+static PyMethodDef Scope_methods[] = {
+    {"__enter__", Scope_enter, METH_NOARGS, "Arm the deadline; returns the scope."},
+    {"__exit__", (PyCFunction)(void (*)(void))Scope_exit, METH_FASTCALL,
+     "Disarm; turn this scope's interrupt into DeadlineExceeded."},
+    {"when", Scope_when, METH_NOARGS,
+     "The absolute deadline as a time.monotonic() value, or None."},
+    {"reschedule", Scope_reschedule, METH_O,
+     "Move the deadline to `when` (time.monotonic() seconds, or None for no deadline)."},
+    {"expired", Scope_expired, METH_NOARGS, "True once this scope's deadline has fired."},
+    {"remaining", Scope_remaining, METH_NOARGS,
+     "Seconds left before the deadline (0.0 once passed), or None without one."},
+    {"elapsed", Scope_elapsed, METH_NOARGS, "Seconds since the scope was entered."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Scope_getset[] = {
+    {"label", Scope_get_label, NULL, "The label given at construction, or None.", NULL},
+    {"limit", Scope_get_limit, NULL, "The limit in seconds, or None.", NULL},
+    {"overshoot", Scope_get_overshoot, NULL,
+     "Seconds between the deadline and the moment the block was left, if it fired.", NULL},
+    {"fired_at", Scope_get_fired_at, NULL,
+     "time.monotonic() when the interrupt was raised, or None.", NULL},
+    {"entered_at", Scope_get_entered_at, NULL, "time.monotonic() at entry, or None.", NULL},
+    {"exited_at", Scope_get_exited_at, NULL, "time.monotonic() at exit, or None.", NULL},
+    {"active", Scope_get_active, NULL, "True between enter and exit.", NULL},
+    {"used", Scope_get_used, NULL, "True once entered.", NULL},
+    {"raise_on_timeout", Scope_get_raise, NULL, "Whether expiry raises DeadlineExceeded.",
+     NULL},
+    {"native_id", Scope_get_native_id, NULL,
+     "Kernel thread id of the thread that entered it, or None.", NULL},
+    {"exit_exception", Scope_get_exit_exc, NULL,
+     "The exception the block ended with (as passed to __exit__), or None.", NULL},
+    {"_hook", Scope_get_hook, Scope_set_hook,
+     "Internal: hook(scope, 'enter'|'exit', exc), called around the block.", NULL},
+    {"thread_ident", Scope_get_thread_ident, NULL,
+     "threading.get_ident() of the thread that entered it, or None.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot Scope_slots[] = {
+    {Py_tp_doc, "Native deadline scope (use timeoutcore.thread_deadline)."},
+    {Py_tp_new, Scope_new},
+    {Py_tp_init, Scope_init},
+    {Py_tp_dealloc, Scope_dealloc},
+    {Py_tp_traverse, Scope_traverse},
+    {Py_tp_clear, Scope_clear},
+    {Py_tp_methods, Scope_methods},
+    {Py_tp_getset, Scope_getset},
+    {0, NULL},
+};
+
+static PyType_Spec Scope_spec = {
+    "timeoutcore._core.Scope",
+    sizeof(Scope),
+    0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    Scope_slots,
+};
+

@@ -1,0 +1,291 @@
+/*
+ * tc_watchdog.c -- the one watchdog pthread: its schedule of every armed
+ * slot, GIL anticipation (with requeue), and the fire-time sweep.  Part of
+ * the unity build (timeoutcore.c).
+ *
+ * The watchdog plans WITHOUT the GIL (wd_plan reads the slots' atomics under
+ * g_mu), sleeps on a futex until the next event, then takes the GIL and acts
+ * (wd_sweep).  It never holds g_mu while it waits for the GIL; it takes g_mu
+ * while holding the GIL.  It has all signals blocked, timer slack 1 ns, and
+ * one thread state of its own, made once and reused.
+ */
+
+static pthread_t g_wd;
+static int g_wd_running;                  /* GIL                          */
+static _Atomic int g_wd_stop;
+static _Atomic uint32_t g_wd_seq;         /* futex word to wake it        */
+static _Atomic int64_t g_wd_planned = 0;  /* when it means to wake next   */
+static _Atomic int g_wd_tid;              /* its kernel thread id         */
+static _Atomic int64_t g_lead = TC_SWITCH_DEFAULT_NS + TC_LEAD_MARGIN_NS;
+static _Atomic int64_t g_switch = TC_SWITCH_DEFAULT_NS;
+
+static int wd_running(void) { return g_wd_running; }
+
+static void wd_wake(void)
+{
+    atomic_fetch_add(&g_wd_seq, 1);
+    futex_wake_all(&g_wd_seq);
+}
+
+/* A slot's deadline may have moved earlier: wake the watchdog if it means to
+ * sleep past the moment it must ask for the GIL. */
+static void wd_notify(int64_t deadline)
+{
+    if (deadline != TC_NEVER && deadline - atomic_load(&g_lead) < atomic_load(&g_wd_planned))
+        wd_wake();
+}
+
+typedef struct {
+    tc_slot *slot;
+    uint64_t gen;
+    int64_t at;       /* when to act                            */
+    int64_t deadline; /* the deadline behind it (ARMED), or NEVER */
+} wd_event;
+
+/* When a slot next needs the watchdog (TC_NEVER: not), from its atomics. */
+static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadline_out)
+{
+    int st = atomic_load(&s->state);
+    int64_t d = atomic_load(&s->deadline);
+    *st_out = st;
+    *deadline_out = d;
+    if (st == SLOT_ARMED && d != TC_NEVER)
+        return d - lead;
+    if (st == SLOT_INJECTED)
+        return atomic_load(&s->reinject_at);
+    return TC_NEVER;
+}
+
+/* Earliest thing to do.  Holds g_mu briefly, never the GIL. */
+static wd_event wd_plan(void)
+{
+    wd_event ev = {NULL, 0, TC_NEVER, TC_NEVER};
+    int64_t lead = atomic_load(&g_lead);
+    pthread_mutex_lock(&g_mu);
+    for (tc_slot *s = g_slots; s != NULL; s = s->next) {
+        int st;
+        int64_t d, at;
+        if (!s->alive || atomic_load(&s->shield) > 0)
+            continue;
+        uint64_t gen = atomic_load(&s->gen);
+        at = slot_due_at(s, lead, &st, &d);
+        if (at < ev.at) {
+            ev.slot = s;
+            ev.gen = gen;
+            ev.at = at;
+            ev.deadline = st == SLOT_ARMED ? d : TC_NEVER;
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return ev;
+}
+
+#if TC_TRACK_FRAMES
+/* Is the slot due now (its deadline or its re-injection time passed)? */
+static int slot_due_now(tc_slot *s, int64_t now)
+{
+    int st;
+    int64_t d;
+    return slot_due_at(s, 0, &st, &d) <= now;
+}
+
+/* Before acting on due slots, drop scopes whose frame is gone (3.13).  g_mu
+ * is released around each prune, because dropping a scope may run arbitrary
+ * finalizers; the walk goes on from the same slot, which stays valid (slots
+ * are never freed).  Slots added meanwhile are at the head: the next round
+ * sees them.  No cap on the number of due slots. */
+static void wd_prune(int64_t now)
+{
+    pthread_mutex_lock(&g_mu);
+    for (tc_slot *s = g_slots; s != NULL; s = s->next) {
+        if (!s->alive || !slot_due_now(s, now))
+            continue;
+        pthread_mutex_unlock(&g_mu);
+        PyThreadState *t = tc_find_tstate(s->ident);
+        if (t != NULL && slot_prune_stale(s, PyThreadState_GetFrame(t)))
+            slot_publish(s);
+        pthread_mutex_lock(&g_mu);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+#endif
+
+/* With the GIL: handle every slot that is due now. */
+static void wd_sweep(int64_t now)
+{
+#if TC_TRACK_FRAMES
+    wd_prune(now);
+#endif
+    pthread_mutex_lock(&g_mu);
+    for (tc_slot *s = g_slots; s != NULL; s = s->next) {
+        if (!s->alive)
+            continue;
+        int st = atomic_load(&s->state);
+        if (st == SLOT_ARMED && atomic_load(&s->deadline) <= now)
+            slot_fire(s, now, 0);
+        else if (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)
+            slot_reinject(s, now);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* With the GIL: keep the lead one switch interval + a margin. */
+static void refresh_switch_interval(void)
+{
+    /* sys from sys.modules, not an import: no import lock for the watchdog. */
+    double v = 0.0;
+    PyObject *name = PyUnicode_InternFromString("sys");
+    PyObject *mod = name != NULL ? PyImport_GetModule(name) : NULL;
+    Py_XDECREF(name);
+    if (mod != NULL) {
+        PyObject *r = PyObject_CallMethod(mod, "getswitchinterval", NULL);
+        Py_DECREF(mod);
+        if (r != NULL) {
+            v = PyFloat_AsDouble(r);
+            Py_DECREF(r);
+        }
+    }
+    if (PyErr_Occurred())
+        PyErr_Clear();
+    if (!(v > 0 && v < 10.0))
+        return;
+    int64_t sw = (int64_t)(v * 1e9), margin = TC_LEAD_MARGIN_NS;
+    if (tc_lower_switch_supported() && sw > (int64_t)TC_FAST_SWITCH_US * 1000) {
+        sw = (int64_t)TC_FAST_SWITCH_US * 1000; /* what gil_take() waits */
+        margin = TC_LEAD_MARGIN_FAST_NS;
+    }
+    atomic_store(&g_lead, sw + margin);
+    atomic_store(&g_switch, sw);
+}
+
+/* Take the GIL with the watchdog's thread state.  On 3.11 the switch
+ * interval is lowered while it waits (see tc_compat.h), so the holder is
+ * asked to drop the GIL after 200 us instead of 5 ms and other CPU-bound
+ * threads cannot keep it queued for whole turns; the user's value is put
+ * back once the GIL is held, unless they changed it meanwhile. */
+static void gil_take(PyThreadState *ts)
+{
+    unsigned long saved = tc_switch_interval_us();
+    int lowered = tc_lower_switch_supported() && saved > TC_FAST_SWITCH_US;
+    if (lowered)
+        tc_set_switch_interval_us(TC_FAST_SWITCH_US);
+    PyEval_RestoreThread(ts);
+    if (lowered && tc_switch_interval_us() == TC_FAST_SWITCH_US)
+        tc_set_switch_interval_us(saved);
+    STAT_INC(gil_takes);
+}
+
+static void *wd_main(void *arg)
+{
+    (void)arg;
+    PyGILState_STATE gs;
+    PyThreadState *ts;
+
+    /* Precise wake-ups; failure only costs precision. */
+    (void)prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    atomic_store(&g_wd_tid, (int)syscall(SYS_gettid));
+    gs = PyGILState_Ensure();
+    ts = PyEval_SaveThread();
+
+    for (;;) {
+        if (atomic_load(&g_wd_stop)) {
+            PyEval_RestoreThread(ts);
+            break;
+        }
+        uint32_t seen = atomic_load(&g_wd_seq);
+        wd_event ev = wd_plan();
+        atomic_store(&g_wd_planned, ev.at);
+        /* Dekker with wd_notify: a deadline stored before our store above
+         * is seen by this second look; one stored after sees our plan. */
+        wd_event ev2 = wd_plan();
+        if (ev2.at < ev.at) {
+            ev = ev2;
+            atomic_store(&g_wd_planned, ev.at);
+        }
+        int64_t t0 = now_ns();
+        if (ev.at > t0) {
+            STAT_INC(watchdog_wakeups);
+            (void)futex_wait_until(&g_wd_seq, seen, ev.at); /* any return: plan again */
+            continue;
+        }
+        if (atomic_load(&ev.slot->gen) != ev.gen)
+            continue; /* it changed while we looked: plan again */
+
+        gil_take(ts);
+        if (atomic_load(&g_wd_stop))
+            break;
+        int64_t t1 = now_ns();
+        if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
+            if (t1 - t0 < atomic_load(&g_switch) / 2 && ev.deadline - t1 > TC_REQUEUE_MIN_LEFT_NS) {
+                /* The GIL came easily: the body releases it often (I/O).
+                 * Holding it for the rest of the lead would stall the body;
+                 * give it back and come again just before the deadline. */
+                STAT_INC(requeues);
+                ts = PyEval_SaveThread();
+                sleep_until(ev.deadline - TC_REQUEUE_EARLY_NS);
+                gil_take(ts);
+                if (atomic_load(&g_wd_stop))
+                    break;
+            }
+            /* Hold the GIL up to the deadline: the body cannot run now, so
+             * the interrupt lands when it resumes. */
+            if (atomic_load(&ev.slot->gen) == ev.gen)
+                sleep_until(ev.deadline);
+        }
+        wd_sweep(now_ns());
+        refresh_switch_interval();
+        ts = PyEval_SaveThread();
+    }
+    /* Here we hold the GIL: release the thread state made above with it. */
+    PyGILState_Release(gs);
+    return NULL;
+}
+
+/* Start the watchdog if it is not running.  GIL held.  Its signal mask
+ * blocks everything: the core's signal must only reach guarded threads. */
+static int wd_ensure(void)
+{
+    sigset_t all, old;
+    int err;
+    if (g_wd_running)
+        return 0;
+    refresh_switch_interval();
+    atomic_store(&g_wd_stop, 0);
+    atomic_store(&g_wd_planned, 0);
+    sigfillset(&all);
+    if ((err = pthread_sigmask(SIG_SETMASK, &all, &old)) != 0)
+        goto fail;
+    err = pthread_create(&g_wd, NULL, wd_main, NULL);
+    (void)pthread_sigmask(SIG_SETMASK, &old, NULL); /* restoring a valid mask */
+    if (err != 0)
+        goto fail;
+    g_wd_running = 1;
+    return 0;
+fail:
+    errno = err;
+    PyErr_SetFromErrno(PyExc_OSError);
+    return -1;
+}
+
+/* Stop and join the watchdog (GIL held; released while joining).  Returns
+ * 0 or an errno from pthread_join. */
+static int wd_stop(void)
+{
+    int err = 0;
+    if (!g_wd_running)
+        return 0;
+    atomic_store(&g_wd_stop, 1);
+    wd_wake();
+    Py_BEGIN_ALLOW_THREADS
+    err = pthread_join(g_wd, NULL);
+    Py_END_ALLOW_THREADS
+    g_wd_running = 0;
+    return err;
+}
+
+/* After fork, in the child (no other thread exists): forget the watchdog. */
+static void wd_forget_after_fork(void)
+{
+    g_wd_running = 0;
+    atomic_store(&g_wd_planned, 0);
+}
