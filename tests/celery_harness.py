@@ -47,6 +47,15 @@ class Worker:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def wait_for_log(self, text: str, timeout: float = 10.0) -> bool:
+        """Whether ``text`` shows up in the worker's log within ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while text not in self.log():
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.02)
+        return True
+
     def _wait_ready(self, timeout: float = 60.0) -> None:
         end = time.monotonic() + timeout
         for _ in range(int(timeout / 0.05)):

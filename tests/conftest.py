@@ -31,6 +31,7 @@ def _fallback_api() -> types.SimpleNamespace:
         sleep=_fallback.sleep,
         shield=_fallback.shield,
         remaining=_fallback.remaining,
+        current_deadline=_fallback.current_deadline,
         current_scope=_fallback.current_scope,
     )
 
@@ -43,6 +44,7 @@ def _native_api() -> types.SimpleNamespace:
         sleep=timeoutcore.sleep,
         shield=timeoutcore.shield,
         remaining=timeoutcore.remaining,
+        current_deadline=timeoutcore.current_deadline,
         current_scope=timeoutcore.current_scope,
     )
 

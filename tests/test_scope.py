@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from conftest import LATE, burn, spin_forever
+from conftest import LATE, burn, in_thread, spin_forever
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded
@@ -437,7 +437,7 @@ def test_checkpoint_raises_only_past_the_deadline(api: Any, where: Any) -> None:
 
 
 def test_users_switch_interval_is_left_as_it_was() -> None:
-    # the watchdog may lower the switch interval while it waits for the GIL (3.9-3.11);
+    # the watchdog may lower the switch interval while it waits for the GIL (3.11);
     # the user's setting must be back afterwards
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.002)
@@ -472,3 +472,46 @@ def test_enclosing_deadline_passing_in_an_inner_exit_hook_is_claimed_by_its_scop
                 pass
             spin_forever()
     assert info.value.label == "outer" and outer.expired()
+
+
+# --- current_deadline() -----------------------------------------------------------------------
+
+
+def test_current_deadline_is_none_outside_any_scope(api: Any) -> None:
+    assert api.current_deadline() is None
+    with api.thread_deadline(None):
+        assert api.current_deadline() is None  # a scope without a deadline
+    assert api.current_deadline() is None
+
+
+def test_current_deadline_is_the_scopes_absolute_deadline(api: Any) -> None:
+    with api.thread_deadline(5) as scope:
+        first = api.current_deadline()
+        assert first is not None and first == pytest.approx(scope.when(), abs=1e-6)
+        time.sleep(0.01)
+        assert api.current_deadline() == first  # absolute: it does not shrink
+    assert api.current_deadline() is None
+
+
+def test_current_deadline_is_the_earliest_of_nested_scopes(api: Any) -> None:
+    when = time.monotonic() + 5
+    with api.thread_deadline_at(when):
+        with api.thread_deadline(30):
+            assert api.current_deadline() == pytest.approx(when, abs=1e-6)
+        with api.thread_deadline(1) as inner:
+            assert api.current_deadline() == pytest.approx(inner.when(), abs=1e-6)
+        assert api.current_deadline() == pytest.approx(when, abs=1e-6)
+
+
+def test_current_deadline_follows_reschedule(api: Any) -> None:
+    with api.thread_deadline(5) as scope:
+        later = time.monotonic() + 60
+        scope.reschedule(later)
+        assert api.current_deadline() == pytest.approx(later, abs=1e-6)
+        scope.reschedule(None)
+        assert api.current_deadline() is None
+
+
+def test_current_deadline_is_per_thread(api: Any) -> None:
+    with api.thread_deadline(5):
+        assert in_thread(api.current_deadline) is None

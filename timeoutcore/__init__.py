@@ -2,23 +2,27 @@
 
 ``with thread_deadline(0.25): ...`` stops the block at 0.25 s with ``DeadlineExceeded``
 in the thread that runs it -- a pool worker as well as the main thread.
+
+``import timeoutcore`` loads the engine and the core API only. The features built on
+pydantic and orjson (results, policies, the executor, ``run()``, metrics) are loaded the
+first time one of their names is used (PEP 562), so a plain ``with thread_deadline(s):``
+never imports them.
 """
 
 from __future__ import annotations
 
-from . import metrics
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from . import _hooks
 from ._engine import ENGINE
 from .blocking import acquire, bounded_wait, socket_timeout, wait_readable, wait_writable
 from .errors import DeadlineCancelled, DeadlineExceeded, SoftDeadlineExceeded
-from .executor import DeadlineExecutor
-from .metrics import Metrics
 from .patch import is_patched, patch, patched_targets, unpatch
-from .policy import DeadlinePolicy, PolicyTable, set_policy_table
-from .results import DeadlineResult, ResultLog
-from .subprocess import RunResult, run
 from .scope import (
     DeadlineScope,
     checkpoint,
+    current_deadline,
     current_scope,
     remaining,
     shield,
@@ -27,14 +31,78 @@ from .scope import (
     thread_deadline_at,
 )
 
+if TYPE_CHECKING:
+    from . import metrics
+    from .executor import DeadlineExecutor
+    from .metrics import Metrics
+    from .policy import DeadlinePolicy, PolicyTable, set_policy_table
+    from .results import DeadlineResult, ResultLog
+    from .subprocess import RunResult, run
+
 __version__ = "0.1.0"
 
+# name -> (module, attribute; "" for the module itself), imported on first use
+_LAZY: dict[str, tuple[str, str]] = {
+    "metrics": (".metrics", ""),
+    "Metrics": (".metrics", "Metrics"),
+    "DeadlineExecutor": (".executor", "DeadlineExecutor"),
+    "DeadlinePolicy": (".policy", "DeadlinePolicy"),
+    "PolicyTable": (".policy", "PolicyTable"),
+    "set_policy_table": (".policy", "set_policy_table"),
+    "DeadlineResult": (".results", "DeadlineResult"),
+    "ResultLog": (".results", "ResultLog"),
+    "RunResult": (".subprocess", "RunResult"),
+    "run": (".subprocess", "run"),
+}
 
-def set_default_result_log(result_log: "ResultLog | None") -> None:
+
+def __getattr__(name: str) -> Any:
+    """The lazily loaded public names (see :data:`_LAZY`); cached once loaded."""
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    module = importlib.import_module(module_name, __name__)
+    value = getattr(module, attr) if attr else module
+    globals()[name] = value
+    return value
+
+
+# What the scope layer reaches of the features above it, plugged in here -- the package
+# root, above every layer -- so that no lower module imports an upper one. Each loader
+# imports its feature on first use.
+
+
+def _build_result(scope: Any) -> Any:
+    from .results import build_result
+
+    return build_result(scope)
+
+
+def _soft_register(scope: Any, when: float) -> None:
+    from .soft import timer
+
+    timer.register(scope, when)
+
+
+def _policy_table() -> Any:
+    from .policy import policy_table
+
+    return policy_table()
+
+
+_hooks.features.build_result = _build_result
+_hooks.features.soft_register = _soft_register
+_hooks.features.policy_table = _policy_table
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def set_default_result_log(result_log: ResultLog | None) -> None:
     """Append the result of *every* guarded block to ``result_log`` (None: stop)."""
-    from ._hooks import set_default_result_log as _set
-
-    _set(result_log)
+    _hooks.set_default_result_log(result_log)
 
 
 __all__ = [
@@ -53,6 +121,7 @@ __all__ = [
     "acquire",
     "bounded_wait",
     "checkpoint",
+    "current_deadline",
     "current_scope",
     "is_patched",
     "metrics",

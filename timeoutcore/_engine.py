@@ -2,13 +2,18 @@
 
 ``TIMEOUTCORE_ENGINE`` = ``auto`` (default: native where it loads, else fallback),
 ``native`` (fail at import if the C core cannot load) or ``fallback``.
+
+``core`` is the chosen :class:`~timeoutcore._engine_api.Engine`; the layers above use it
+and never ask which one it is (``ENGINE``, its name, is for people and reports).
 """
 
 from __future__ import annotations
 
 import os
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the interface costs nothing at run time
+    from ._engine_api import Engine
 
 _choice = os.environ.get("TIMEOUTCORE_ENGINE", "auto").strip().lower() or "auto"
 if _choice not in ("auto", "native", "fallback"):
@@ -16,15 +21,13 @@ if _choice not in ("auto", "native", "fallback"):
         f"TIMEOUTCORE_ENGINE={_choice!r} is not one of 'auto', 'native', 'fallback'"
     )
 
-core: Any
-ENGINE: str
+core: Engine
 
 if _choice != "fallback":
     try:
         from . import _native
 
-        core = _native.core
-        ENGINE = "native"
+        core = _native
     except ImportError:
         if _choice == "native":
             raise
@@ -34,6 +37,18 @@ if _choice == "fallback":
     from . import _fallback
 
     core = _fallback
-    ENGINE = "fallback"
 
-__all__ = ["ENGINE", "core", "ModuleType"]
+ENGINE: str = core.NAME
+
+
+def engine_of(scope: Any) -> Engine:
+    """The engine a scope belongs to: the chosen one, or the fallback engine for one of
+    its scopes made directly (the tests run both engines side by side)."""
+    if isinstance(scope, core.Scope):
+        return core
+    from . import _fallback
+
+    return _fallback
+
+
+__all__ = ["ENGINE", "core", "engine_of"]

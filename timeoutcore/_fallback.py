@@ -1,8 +1,9 @@
 """The pure-Python engine, for platforms without ``timer_create`` (or when
 ``TIMEOUTCORE_ENGINE=fallback``).
 
-Same interface as the native core module: ``Scope``, ``Shield``, ``sleep``, ``remaining``,
-``current_scope``, ``shield``. A daemon watchdog thread raises the interrupt with
+The same :class:`~timeoutcore._engine_api.Engine` as the native one: ``Scope``, ``Shield``,
+``sleep``, ``checkpoint``, ``remaining``, ``current_deadline``, ``current_scope``,
+``shield``. A daemon watchdog thread raises the interrupt with
 ``PyThreadState_SetAsyncExc``. What it cannot do, and the native engine does:
 
 * no signal: a blocking system call is not knocked loose (only ``sleep`` below ends early);
@@ -13,16 +14,20 @@ Same interface as the native core module: ``Scope``, ``Shield``, ``sleep``, ``re
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import logging
 import math
-import os
 import threading
 import time
 import weakref
 from typing import Any, Literal, Optional
 
+from . import _fork, _validate
 from .errors import DeadlineExceeded, _DeadlineInterrupt
+
+NAME = "fallback"
+#: No signal at all: a blocking call is never knocked loose, on any CPython.
+INTERRUPTS_RETRIED_CALLS = False
 
 _NEVER = math.inf
 _addr = ctypes.cast(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_void_p).value or 0
@@ -37,35 +42,6 @@ def _inject(ident: int, exc: type) -> None:
 
 def _clear(ident: int) -> None:
     _clear_async_exc(ident, None)
-
-
-def _check_seconds(value: Any, fn: str, arg: str, allow_zero: bool = False) -> float:
-    if value is None:
-        return math.nan
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"{fn}: {arg} must be a number of seconds (int or float) or None, "
-            f"not {type(value).__name__}"
-        )
-    v = float(value)
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        kind = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{fn}: {arg} must be a {kind} finite number of seconds, got {value!r}")
-    if v > 3.0e8:
-        raise ValueError(f"{fn}: {arg} is too large ({value!r} s; at most 3e8)")
-    return v
-
-
-def _check_when(value: Any, fn: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"{fn}: when must be a time.monotonic() value (int or float), "
-            f"not {type(value).__name__}"
-        )
-    v = float(value)
-    if not math.isfinite(v) or v < 0 or v > 9.0e9:
-        raise ValueError(f"{fn}: when must be a finite time.monotonic() value, got {value!r}")
-    return v
 
 
 class _ThreadState:
@@ -171,7 +147,7 @@ def _after_fork_in_child() -> None:
             _wd.ensure()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_fork.register(_fork.ENGINE, after_in_child=_after_fork_in_child)
 
 
 def _drop_above(st: _ThreadState, scope: Scope) -> None:
@@ -200,7 +176,8 @@ class Scope:
         deadline: Optional[float] = None,
         **extras: Any,
     ) -> None:
-        v = _check_seconds(seconds, "thread_deadline()", "seconds")
+        secs = _validate.seconds(seconds, "thread_deadline()", "seconds", allow_none=True)
+        v = math.nan if secs is None else secs
         if label is not None and not isinstance(label, str):
             raise TypeError(
                 f"thread_deadline(): label must be a str or None, not {type(label).__name__}"
@@ -211,7 +188,7 @@ class Scope:
         if deadline is not None:
             if not math.isnan(v):
                 raise TypeError("thread_deadline(): give either seconds or deadline, not both")
-            self._deadline = _check_when(deadline, "thread_deadline_at()")
+            self._deadline = _validate.monotonic(deadline, "thread_deadline_at()")
             self._has_deadline = True
         self._label = label
         self._raise = bool(raise_on_timeout)
@@ -287,6 +264,8 @@ class Scope:
                 try:
                     self._hook(self, "exit", exc)
                 except Exception:  # noqa: BLE001 - as the native core: reported, not raised
+                    import logging  # only on this error path: not a cost of every import
+
                     logging.getLogger("timeoutcore").exception("scope hook %r failed", self._hook)
                 finally:
                     st.shield -= 1
@@ -311,7 +290,7 @@ class Scope:
         return None if self._deadline == _NEVER else self._deadline
 
     def reschedule(self, when: Optional[float]) -> None:
-        d = _NEVER if when is None else _check_when(when, "reschedule()")
+        d = _NEVER if when is None else _validate.monotonic(when, "reschedule()")
         if self._state == 2:
             raise RuntimeError("reschedule() on a scope that has exited")
         self._deadline = d
@@ -440,9 +419,9 @@ class Shield:
 
 def sleep(seconds: float) -> None:
     """Sleep like time.sleep, but end at this thread's deadline and raise there."""
-    secs = _check_seconds(seconds, "sleep()", "seconds", allow_zero=True)
-    if math.isnan(secs):
+    if seconds is None:  # as the C core: its own message for None
         raise TypeError("sleep(): seconds must be a number, not None")
+    secs = _validate.seconds(seconds, "sleep()", "seconds", allow_zero=True)
     st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
     target = time.monotonic() + secs
     if st is None:
@@ -478,13 +457,19 @@ def checkpoint() -> None:
             _wd.fire(st, now, True)
 
 
-def remaining() -> Optional[float]:
-    """Seconds left before this thread's earliest deadline, or None when unguarded."""
+def current_deadline() -> Optional[float]:
+    """This thread's earliest deadline as a time.monotonic() value, or None."""
     st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
     if st is None or not st.stack:
         return None
     d = st.deadline()
-    return None if d == _NEVER else max(d - time.monotonic(), 0.0)
+    return None if d == _NEVER else d
+
+
+def remaining() -> Optional[float]:
+    """Seconds left before this thread's earliest deadline, or None when unguarded."""
+    d = current_deadline()
+    return None if d is None else max(d - time.monotonic(), 0.0)
 
 
 def current_scope() -> Optional[Scope]:
@@ -520,3 +505,9 @@ def shield() -> Shield:
     return Shield()
 
 
+def wait_shield() -> contextlib.nullcontext[None]:
+    """No shield around the patched stdlib waits: this engine's shield is Python code that
+    takes the engine's lock, and the engine itself waits on threading primitives while
+    holding it (starting its watchdog thread). Its interrupts are asynchronous anyway,
+    exactly as without the patch."""
+    return contextlib.nullcontext()

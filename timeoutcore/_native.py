@@ -1,7 +1,9 @@
-"""Loads the C core built by cffi and wires it to the interpreter's life cycle.
+"""The native engine: the C core built by cffi, wired to the interpreter's life cycle.
 
-Importing this module either yields ``core`` (the module built by ``tc_export``) or
-raises ImportError; ``timeoutcore._engine`` decides what to do then.
+Importing this module either yields an :class:`~timeoutcore._engine_api.Engine` (this
+module: the C core's functions and types under the interface's names; ``core`` is the raw
+module built by ``tc_export``) or raises ImportError; ``timeoutcore._engine`` decides what
+to do then.
 """
 
 from __future__ import annotations
@@ -9,14 +11,19 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import sysconfig
 from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional
 
+from . import _fork
 from .errors import DeadlineExceeded, _DeadlineInterrupt
+
+if TYPE_CHECKING:
+    from ._engine_api import EngineScope, EngineShield, Hook
 
 if not sys.platform.startswith("linux"):
     raise ImportError("the native timeoutcore engine needs Linux (timer_create, SIGEV_THREAD_ID)")
-if sysconfig.get_config_var("Py_GIL_DISABLED"):
+# A free-threaded build has "t" in its ABI flags (PEP 703); cheaper than importing sysconfig.
+if "t" in getattr(sys, "abiflags", ""):
     raise ImportError(
         "timeoutcore has not been validated on free-threaded CPython; refusing to load "
         "rather than guess (set TIMEOUTCORE_ENGINE=fallback to use the pure-Python engine)"
@@ -36,11 +43,37 @@ core._setup(_DeadlineInterrupt, DeadlineExceeded)
 atexit.register(core._shutdown)
 # fork: stop the watchdog before (no lock held across fork, and os.fork() on 3.12+ does
 # not count it as a thread), restart it in parent and child where a deadline is armed.
-os.register_at_fork(
+_fork.register(
+    _fork.ENGINE,
     before=core._shutdown,
     after_in_parent=core._ensure_watchdog,
     after_in_child=core._ensure_watchdog,
 )
+
+
+# --- the Engine interface (timeoutcore._engine_api): the C functions themselves, so a call
+# through it costs what a call of the C module costs.
+
+NAME = "native"
+#: CPython 3.15+ raises the pending interrupt in PyErr_CheckSignals (cpython#144748), so the
+#: core's signal ends time.sleep, socket calls and select by itself.
+INTERRUPTS_RETRIED_CALLS = sys.version_info >= (3, 15)
+
+Scope: type[EngineScope] = core.Scope
+Shield: type[EngineShield] = core.Shield
+sleep: Callable[[float], None] = core.sleep
+checkpoint: Callable[[], None] = core.checkpoint
+remaining: Callable[[], Optional[float]] = core.remaining
+current_deadline: Callable[[], Optional[float]] = core.current_deadline
+current_scope: Callable[[], Optional[EngineScope]] = core.current_scope
+shield: Callable[[], EngineShield] = core.shield
+#: The C shield never runs Python code: safe around any stdlib wait.
+wait_shield: Callable[[], ContextManager[Any]] = core.shield
+_set_default_hook: Callable[[Optional[Hook]], None] = core._set_default_hook
+_raise_in_scope: Callable[[Any, type[BaseException]], bool] = core._raise_in_scope
+
+
+# --- diagnostics of the C core (tests, benchmarks) -------------------------------------------
 
 
 def stats() -> dict[str, int]:

@@ -18,16 +18,12 @@ ready-made: :func:`wait_readable`, :func:`wait_writable`, :func:`acquire` (any l
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import math
-import os
 import select
-import socket
 import time
 from typing import Any, Callable, Optional, Tuple, TypeVar, Union
 
-from ._engine import ENGINE, core
+from . import _validate
+from ._engine import core
 
 __all__ = [
     "acquire",
@@ -47,14 +43,15 @@ Step = Callable[[Optional[float]], Tuple[bool, T]]
 _remaining: Callable[[], Optional[float]] = core.remaining
 _checkpoint: Callable[[], None] = core.checkpoint
 # Held around waits whose cleanup must not be torn by the interrupt (the lock a
-# Condition.wait re-acquires, a socket timeout to restore). The fallback engine's shield is
-# Python code that takes the engine's lock, and that engine itself waits on threading
-# primitives while holding it (starting its watchdog thread): there, no shield -- its
-# interrupts are asynchronous anyway, exactly as without the patch.
-_shield: Callable[[], Any] = core.shield if ENGINE == "native" else contextlib.nullcontext
+# Condition.wait re-acquires, a socket timeout to restore): the engine says what is safe.
+_shield: Callable[[], Any] = core.wait_shield
 _monotonic = time.monotonic
 
 _ORIGINAL_ATTR = "__timeoutcore_original__"
+
+
+#: One entry of ``timeoutcore.patch``'s table: ``make(original) -> wrapper``.
+Make = Callable[[Any], Callable[..., Any]]
 
 
 def original(fn: Any) -> Any:
@@ -76,13 +73,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _check_timeout(timeout: Optional[float], fn: str) -> None:
-    if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise TypeError(f"{fn}: timeout must be a number of seconds or None, not "
-                        f"{type(timeout).__name__}")
-    if not (timeout >= 0 and math.isfinite(timeout)):
-        raise ValueError(f"{fn}: timeout must be a non-negative finite number, got {timeout!r}")
+    _validate.seconds(timeout, fn, "timeout", allow_zero=True, allow_none=True, bounded=False)
 
 
 def bounded_wait(step: Step[T], timeout: Optional[float]) -> T:
@@ -221,230 +212,3 @@ def acquire(lock: Any, blocking: bool = True, timeout: float = -1) -> bool:
         return got, got
 
     return bounded_wait(step, None if timeout == -1 else timeout)
-
-
-# --- sockets: the scoped paths of the patched methods (timeoutcore.patch) -----------------
-
-_DONTWAIT: int = getattr(socket, "MSG_DONTWAIT", 0)
-_EAGAIN = errno.EAGAIN
-_EWOULDBLOCK = errno.EWOULDBLOCK
-
-
-def _is_flags(value: Any) -> bool:
-    """An int (``socket.MSG_*`` are ``IntFlag`` members), not a bool."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _timed_out() -> OSError:
-    return socket.timeout("timed out")
-
-
-def _sock_wait(sock: Any, events: int, end: Optional[float]) -> None:
-    """Wait for ``events`` on ``sock`` until ``end`` (monotonic; ``None``: no limit) or the
-    deadline; raise ``socket.timeout`` at ``end``."""
-    poller = _poll()
-    poller.register(sock.fileno(), events)
-    left = None if end is None else max(0.0, end - _monotonic())
-    if not bounded_wait(_poll_step(poller), left):
-        raise _timed_out()
-
-
-def _with_dontwait(args: tuple[Any, ...], kwargs: dict[str, Any], index: int,
-                   keywords: bool) -> Optional[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """``args``/``kwargs`` with ``MSG_DONTWAIT`` added to the flags at ``index``; ``None``
-    when the arguments are not well-formed (the caller then lets the original complain)."""
-    if "flags" in kwargs:
-        if not keywords or not _is_flags(kwargs["flags"]):
-            return None
-        kwargs = dict(kwargs, flags=kwargs["flags"] | _DONTWAIT)
-        return args, kwargs
-    if len(args) > index:
-        if not _is_flags(args[index]):
-            return None
-        return args[:index] + (args[index] | _DONTWAIT,) + args[index + 1:], kwargs
-    if len(args) == index:
-        return args + (_DONTWAIT,), kwargs
-    if keywords and args:
-        return args, dict(kwargs, flags=_DONTWAIT)
-    return None
-
-
-def sock_io(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
-            kwargs: dict[str, Any], events: int, flags_index: int, keywords: bool) -> Any:
-    """A socket receive/send call (``orig(sock, *args, **kwargs)``) inside a scope.
-
-    Blocking socket: try the call with ``MSG_DONTWAIT`` (the socket itself is left alone,
-    so other threads using it see no change), and on ``EAGAIN`` wait for readiness until
-    the deadline. Socket with a timeout longer than the time left: wait for readiness until
-    the deadline (``socket.timeout`` at the socket's own timeout), then make the call.
-    """
-    timeout = sock.gettimeout()
-    rem = _remaining()
-    if rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem):
-        return orig(sock, *args, **kwargs)
-    if sock.fileno() < 0 or not _DONTWAIT:
-        return orig(sock, *args, **kwargs)
-    if timeout is not None:
-        _sock_wait(sock, events, _monotonic() + timeout)
-        return orig(sock, *args, **kwargs)
-    fixed = _with_dontwait(args, kwargs, flags_index, keywords)
-    if fixed is None:
-        return orig(sock, *args, **kwargs)
-    dargs, dkwargs = fixed
-    return _blocking_io(sock, orig, dargs, dkwargs, events)
-
-
-def _blocking_io(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any], events: int) -> Any:
-    while True:
-        try:
-            return orig(sock, *args, **kwargs)
-        except BlockingIOError:
-            pass
-        _sock_wait(sock, events, None)  # outside the handler: no chained EAGAIN
-
-
-_RUN_ORIGINAL = object()
-
-
-def sock_send(sock: Any, orig_send: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any], sendall: bool) -> Any:
-    """``send``/``sendall`` inside a scope (``orig_send`` is the unpatched ``send``).
-
-    Returns :data:`_RUN_ORIGINAL` when the original should run unchanged (not in a scope,
-    a timeout that ends first, a non-blocking socket, arguments it should reject itself).
-    A blocking stream socket's ``send`` returns once everything is queued, like the kernel's
-    blocking ``send``; ``sendall`` keeps its total-time meaning of a socket timeout.
-    """
-    timeout = sock.gettimeout()
-    rem = _remaining()
-    if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
-            or sock.fileno() < 0 or not _DONTWAIT or kwargs or not 1 <= len(args) <= 2
-            or (len(args) == 2 and not _is_flags(args[1]))):
-        return _RUN_ORIGINAL
-    data = args[0]
-    flags: int = args[1] if len(args) == 2 else 0
-    blocking = timeout is None
-    end = None if blocking else _monotonic() + timeout
-    whole = sendall or (blocking and sock.type == socket.SOCK_STREAM)
-    payload: Any = data  # the caller's own object first: argument errors are the original's
-    view: Optional[memoryview] = None
-    sent = 0
-    while True:
-        if blocking:
-            try:
-                n = orig_send(sock, payload, flags | _DONTWAIT)
-            except BlockingIOError:
-                n = -1
-            if n < 0:
-                _sock_wait(sock, _POLLOUT, None)
-                continue
-        else:
-            _sock_wait(sock, _POLLOUT, end)
-            n = orig_send(sock, payload, flags)
-        sent += n
-        if view is None:
-            view = memoryview(data)
-            if view.ndim != 1 or view.itemsize != 1:
-                view = view.cast("B")
-        if sent >= view.nbytes or not whole:
-            return None if sendall else sent
-        payload = view[sent:]
-
-
-def sock_accept(sock: Any, orig: Callable[[Any], Any]) -> Any:
-    """``socket._accept()`` inside a scope: wait until a connection is pending or the
-    deadline, then accept (see the README: a lost race with another acceptor blocks)."""
-    timeout = sock.gettimeout()
-    rem = _remaining()
-    if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
-            or sock.fileno() < 0):
-        return orig(sock)
-    _sock_wait(sock, _POLLIN, None if timeout is None else _monotonic() + timeout)
-    return orig(sock)
-
-
-def sock_connect(sock: Any, orig: Callable[[Any, Any], Any], address: Any, ex: bool) -> Any:
-    """``connect``/``connect_ex`` inside a scope.
-
-    A connection needs a non-blocking socket to be waited for, so the socket's timeout is
-    set to the time left for the duration of the call (under ``shield()``, so it is always
-    restored) -- the one patched socket call that changes the socket's state while it runs.
-    """
-    timeout = sock.gettimeout()
-    rem = _remaining()
-    if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
-            or sock.fileno() < 0):
-        return orig(sock, address)
-    if rem <= 0.0:
-        _checkpoint()  # raises unless shielded; shielded: the original, unchanged
-        return orig(sock, address)
-    end = None if timeout is None else _monotonic() + timeout
-    timed_out = False
-    result: Any = None
-    with _shield():
-        sock.settimeout(max(rem, 1e-6))
-        try:
-            result = orig(sock, address)
-        except socket.timeout:
-            timed_out = True
-        finally:
-            sock.settimeout(timeout)
-    if ex and result in (_EAGAIN, _EWOULDBLOCK):
-        timed_out = True
-    if not timed_out:
-        return result
-    _checkpoint()  # the deadline ended it: raise here
-    # Shielded (or woken early): the attempt goes on; finish it within the caller's timeout.
-    try:
-        _sock_wait(sock, _POLLOUT, end)
-    except socket.timeout:
-        if ex:
-            return _EAGAIN
-        raise
-    err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-    if ex:
-        return err
-    if err:
-        raise OSError(err, os.strerror(err))
-    return None
-
-
-def ssl_call(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
-             kwargs: dict[str, Any], reading: bool) -> Any:
-    """An ``ssl.SSLSocket`` call (``read``, ``write``, ``send``, ``do_handshake``) inside a
-    scope.
-
-    The TLS record layer runs inside OpenSSL, which retries after ``EINTR`` on a blocking
-    socket; so, like ``connect``, the call runs with the socket's timeout set to the time
-    left (under ``shield()``, so it is always restored) and ``checkpoint()`` follows a
-    timeout that the deadline caused. TLS objects are not used by two threads at once, so
-    changing the timeout for the call is safe there.
-    """
-    timeout = sock.gettimeout()
-    rem = _remaining()
-    if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
-            or sock.fileno() < 0 or getattr(sock, "_sslobj", None) is None):
-        return orig(sock, *args, **kwargs)
-    if reading and sock.pending():
-        return orig(sock, *args, **kwargs)  # decrypted data waiting: returns at once
-    end = None if timeout is None else _monotonic() + timeout
-    while True:
-        rem = _remaining()
-        left = None if end is None else end - _monotonic()
-        if rem is None or (left is not None and left <= rem):
-            return orig(sock, *args, **kwargs)  # the socket's own timeout ends it first
-        if rem <= 0.0:
-            _checkpoint()  # raises, unless shielded: then the original, unchanged
-            return orig(sock, *args, **kwargs)
-        timed_out = False
-        with _shield():
-            sock.settimeout(rem)
-            try:
-                return orig(sock, *args, **kwargs)
-            except socket.timeout:
-                timed_out = True
-            finally:
-                sock.settimeout(timeout)
-        if timed_out:
-            _checkpoint()

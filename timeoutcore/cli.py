@@ -3,8 +3,10 @@
 - ``demo``: a thread pool in which some tasks overrun ``thread_deadline(0.25)``; prints each
   task's outcome as a JSON line, then a summary.
 - ``bench``: timeoutcore side by side with ``signal.alarm``, ``signal.setitimer``, a
-  ``threading.Timer`` + ``PyThreadState_SetAsyncExc`` recipe, stopit and func_timeout
-  (:mod:`timeoutcore.bench`); a table on stdout, optionally a JSON summary and a PNG.
+  ``threading.Timer`` + ``PyThreadState_SetAsyncExc`` recipe, stopit and func_timeout; a
+  table on stdout, optionally a JSON summary and a PNG. The harness is
+  ``benchmarks/harness.py`` of a source checkout, loaded when the command runs (it is not in
+  the installed package).
 - ``run``: a command under a hard (and soft) limit via ``timeoutcore.subprocess.run``; the
   result as JSON on stdout, the exit status like coreutils ``timeout``.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import importlib
+import importlib.util
 import logging
 import os
 import signal
@@ -24,11 +27,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 import orjson
 
-from . import ENGINE, DeadlineExceeded, sleep, thread_deadline
+from . import ENGINE, DeadlineExceeded, _validate, sleep, thread_deadline
 
 PROG = "timeoutcore"
 
@@ -87,7 +92,7 @@ _KINDS: dict[str, Callable[[float], None]] = {
 
 
 def _task(i: int, kind: str, seconds: float, limit: float) -> dict[str, Any]:
-    scope = thread_deadline(limit, label=f"task-{i}", soft=limit * SOFT_SHARE)
+    scope = thread_deadline(limit, label=f"task-{i}", soft_limit=limit * SOFT_SHARE)
     try:
         with scope:
             _KINDS[kind](seconds)
@@ -131,7 +136,7 @@ def demo(args: argparse.Namespace) -> int:
     plan = [(i, kinds[i % len(kinds)], _work_for(i, limit)) for i in range(args.tasks)]
     print(
         f"# engine={ENGINE}: {len(plan)} tasks on {args.workers} pool threads, each under "
-        f"thread_deadline({limit:g}, soft={limit * SOFT_SHARE:g}); every fourth task overruns "
+        f"thread_deadline({limit:g}, soft_limit={limit * SOFT_SHARE:g}); every fourth task overruns "
         "its hard limit, every fourth from the third on passes only the soft one",
         flush=True,
     )
@@ -203,8 +208,47 @@ class _Progress:
             sys.stderr.flush()
 
 
+HARNESS = Path("benchmarks", "harness.py")
+_HARNESS_MODULE = "timeoutcore_bench_harness"
+
+
+def harness_candidates() -> list[Path]:
+    """Where ``bench`` looks for the harness, in order: the source checkout this package
+    was imported from (``benchmarks/`` beside ``timeoutcore/``), then the current directory."""
+    checkout = Path(__file__).resolve().parent.parent
+    return [checkout / HARNESS, Path.cwd() / HARNESS]
+
+
+def load_bench_harness() -> ModuleType:
+    """The benchmark harness module, loaded from the first of :func:`harness_candidates`
+    that exists (once per process); :class:`UsageError` when there is none, as in an
+    installed wheel."""
+    loaded = sys.modules.get(_HARNESS_MODULE)
+    if loaded is not None:
+        return loaded
+    for path in harness_candidates():
+        if not path.is_file():
+            continue
+        spec = importlib.util.spec_from_file_location(_HARNESS_MODULE, path)
+        if spec is None or spec.loader is None:  # pragma: no cover - a .py file always has one
+            continue
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[_HARNESS_MODULE] = module  # dataclasses look their module up there
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[_HARNESS_MODULE]
+            raise
+        return module
+    raise UsageError(
+        f"the benchmark harness ({HARNESS.as_posix()}) is part of a source checkout of "
+        "timeoutcore, not of the installed package: run this command in a checkout "
+        "(or in the folder that holds benchmarks/)"
+    )
+
+
 def bench(args: argparse.Namespace) -> int:
-    from . import bench as engine
+    engine = load_bench_harness()
 
     if args.plot is not None:
         try:
@@ -329,7 +373,7 @@ def run_command(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        raise UsageError("no command given: timeoutcore run --hard S -- CMD [ARGS...]",
+        raise UsageError("no command given: timeoutcore run --limit S -- CMD [ARGS...]",
                          EXIT_FAILED)
     try:
         module: Any = importlib.import_module("timeoutcore.subprocess")
@@ -367,24 +411,23 @@ def run_command(args: argparse.Namespace) -> int:
 # --- parser ---------------------------------------------------------------------------------
 
 
-def _positive(text: str) -> float:
+def _seconds_arg(text: str, allow_zero: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number: {text!r}")
-    return value
+    try:
+        return _validate.seconds(value, PROG, "value", allow_zero=allow_zero)
+    except ValueError as exc:  # argparse names the option: keep "value must be ..."
+        raise argparse.ArgumentTypeError(str(exc).partition(": ")[2]) from None
+
+
+def _positive(text: str) -> float:
+    return _seconds_arg(text, allow_zero=False)
 
 
 def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
-    return value
+    return _seconds_arg(text, allow_zero=True)
 
 
 def _count(text: str) -> int:
@@ -451,14 +494,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run CMD in its own process group; at the soft limit it "
                        "gets SIGTERM, at the hard limit (or after the grace period) the whole "
                        "group gets SIGKILL and is reaped.",
-                       epilog=RUN_HELP, usage="%(prog)s --hard S [--soft S] [--grace S] -- CMD "
-                       "[ARGS...]")
+                       epilog=RUN_HELP, usage="%(prog)s --limit S [--soft-limit S] [--grace S] "
+                       "-- CMD [ARGS...]")
     assert isinstance(p, _Parser)
     p.usage_status = EXIT_FAILED
-    p.add_argument("--hard", type=_positive, required=True, metavar="S",
-                   help="hard limit in seconds")
-    p.add_argument("--soft", type=_positive, metavar="S",
-                   help="soft limit in seconds: SIGTERM first")
+    p.add_argument("--limit", "--hard", dest="hard", type=_positive, required=True,
+                   metavar="S", help="hard limit in seconds (--hard: its older name)")
+    p.add_argument("--soft-limit", "--soft", dest="soft", type=_positive, metavar="S",
+                   help="soft limit in seconds: SIGTERM first (--soft: its older name)")
     p.add_argument("--grace", type=_non_negative, metavar="S",
                    help="seconds between SIGTERM and SIGKILL")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its "

@@ -1,6 +1,6 @@
 """``DeadlineExecutor``: a ``ThreadPoolExecutor`` whose every task runs under a deadline.
 
->>> with DeadlineExecutor(8, policy=DeadlinePolicy(hard=0.25)) as pool:
+>>> with DeadlineExecutor(8, policy=DeadlinePolicy(limit=0.25)) as pool:
 ...     fut = pool.submit(work, 1)                       # default policy
 ...     fut2 = pool.submit_with(0.05, work, 2)           # per-task limit
 ...     results = list(pool.map(work, items, limits=[0.1, 0.2, ...]))
@@ -21,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional, TypeVar, Union
 
 from .policy import DeadlinePolicy
+from .scope import thread_deadline
 
 T = TypeVar("T")
 Limits = Union[None, float, int, DeadlinePolicy, Mapping[str, Any]]
@@ -39,18 +40,16 @@ def as_policy(limits: Limits, default: Optional[DeadlinePolicy]) -> Optional[Dea
             "limits must be seconds, a DeadlinePolicy, a mapping of its fields or None, "
             f"not {type(limits).__name__}"
         )
-    return DeadlinePolicy(hard=float(limits))
+    return DeadlinePolicy(limit=float(limits))
 
 
 def _factory(policy: Optional[DeadlinePolicy]) -> Optional[Callable[[], Any]]:
     """A cheap maker of fresh scopes for ``policy`` (None: no deadline)."""
     if policy is None:
         return None
-    from .scope import thread_deadline
-
     kw: dict[str, Any] = {"label": policy.label, "raise_on_timeout": policy.raise_on_timeout}
     if policy.soft is not None:
-        kw.update(soft=policy.soft, soft_raise=policy.soft_raise)
+        kw.update(soft_limit=policy.soft, soft_raise=policy.soft_raise)
     return functools.partial(thread_deadline, policy.hard, **kw)
 
 

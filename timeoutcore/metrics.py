@@ -14,7 +14,7 @@ import threading
 from collections import deque
 from typing import Any, Optional
 
-import orjson
+from . import _hooks
 
 # Histogram bucket upper bounds in seconds (Prometheus style, cumulative on export).
 BUCKETS = (
@@ -103,7 +103,9 @@ class Metrics:
 
     def snapshot_json(self) -> bytes:
         """:meth:`snapshot` as orjson bytes."""
-        return orjson.dumps(self.snapshot())
+        import orjson  # only for this serialisation: counting needs no orjson
+
+        return bytes(orjson.dumps(self.snapshot()))
 
     def prometheus(self) -> str:
         """The Prometheus text exposition format (version 0.0.4)."""
@@ -144,21 +146,15 @@ collector = Metrics()
 
 def enable() -> Metrics:
     """Start counting every guarded block (process-wide); returns the collector."""
-    from . import _hooks
-
-    _hooks.set_metrics(True)
+    _hooks.set_metrics(collector.record)
     return collector
 
 
 def disable() -> None:
     """Stop counting (what was counted stays until ``collector.reset()``)."""
-    from . import _hooks
-
-    _hooks.set_metrics(False)
+    _hooks.set_metrics(None)
 
 
 def enabled() -> bool:
     """Whether blocks are being counted."""
-    from . import _hooks
-
-    return _hooks.state.metrics
+    return _hooks.state.recorder is not None

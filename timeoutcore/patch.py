@@ -36,39 +36,32 @@ they are the only way its blocking calls end at the deadline).
 On CPython >= 3.15 with the native engine, the core's signal interrupts ``time.sleep``,
 socket calls and ``select`` by itself (PyErr_CheckSignals raises the pending interrupt,
 cpython#144748): those patches are skipped there. ``patched_targets()`` tells what is on.
+
+Layout: this module holds the table and the ``time``/``select``/``threading`` wrappers;
+the socket and TLS ones are in ``_patch_socket``, the ``Popen`` ones in
+``_patch_subprocess``, both imported only when ``patch()`` runs; the waits they are built
+on are ``timeoutcore.blocking``'s.
 """
 
 from __future__ import annotations
 
 import functools
-import selectors
-import socket
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Callable, Optional, Tuple
 
-try:
-    import ssl
-except ImportError:  # pragma: no cover - Python built without OpenSSL
-    ssl = None  # type: ignore[assignment]
+from ._engine import core
+from .blocking import _ORIGINAL_ATTR, Make, _is_number, _remaining, _shield, bounded_wait
 
-from . import blocking
-from ._engine import ENGINE, core
-from .blocking import _RUN_ORIGINAL, _is_number, bounded_wait, original
-from .errors import _DeadlineInterrupt
 
 __all__ = ["is_patched", "patch", "patched_targets", "unpatch"]
 
-_remaining: Callable[[], Optional[float]] = core.remaining
-_shield = blocking._shield  # see there: none with the fallback engine
 _core_sleep: Callable[[float], None] = core.sleep
 
-#: CPython 3.15+ interrupts blocking system calls itself once the core's signal arrives.
-NATIVE_INTERRUPTS = sys.version_info >= (3, 15) and ENGINE == "native"
+#: CPython 3.15+ interrupts blocking system calls itself once the native core's signal
+#: arrives (cpython#144748): the engine says whether that holds here.
+NATIVE_INTERRUPTS = core.INTERRUPTS_RETRIED_CALLS
 
-_ORIGINAL_ATTR = "__timeoutcore_original__"
 _MISSING = object()
 
 # (owner, attribute name) -> the value before patch(), or _MISSING (it was inherited).
@@ -101,73 +94,6 @@ def _make_sleep(orig: Callable[[float], None]) -> Callable[..., None]:
         return _core_sleep(float(secs))
 
     return sleep
-
-
-# --- socket --------------------------------------------------------------------------------
-
-
-def _make_sock_io(orig: Callable[..., Any], events: int, flags_index: int,
-                  keywords: bool) -> Callable[..., Any]:
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _remaining() is None:
-            return orig(self, *args, **kwargs)
-        return blocking.sock_io(self, orig, args, kwargs, events, flags_index, keywords)
-
-    return method
-
-
-def _make_sendto(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def sendto(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _remaining() is None:
-            return orig(self, *args, **kwargs)
-        # sendto(data, address) or sendto(data, flags, address)
-        if not kwargs and len(args) == 2:
-            args = (args[0], 0, args[1])
-        elif kwargs or len(args) != 3 or not blocking._is_flags(args[1]):
-            return orig(self, *args, **kwargs)
-        return blocking.sock_io(self, orig, args, {}, blocking._POLLOUT, 1, False)
-
-    return sendto
-
-
-def _make_send(orig_send: Callable[..., Any], orig: Callable[..., Any],
-               sendall: bool) -> Callable[..., Any]:
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _remaining() is None:
-            return orig(self, *args, **kwargs)
-        result = blocking.sock_send(self, orig_send, args, kwargs, sendall)
-        if result is _RUN_ORIGINAL:
-            return orig(self, *args, **kwargs)
-        return result
-
-    return method
-
-
-def _make_accept(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    def _accept(self: Any) -> Any:
-        if _remaining() is None:
-            return orig(self)
-        return blocking.sock_accept(self, orig)
-
-    return _accept
-
-
-def _make_connect(orig: Callable[..., Any], ex: bool) -> Callable[..., Any]:
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _remaining() is None or kwargs or len(args) != 1:
-            return orig(self, *args, **kwargs)
-        return blocking.sock_connect(self, orig, args[0], ex)
-
-    return method
-
-
-def _make_ssl(orig: Callable[..., Any], reading: bool) -> Callable[..., Any]:
-    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _remaining() is None:
-            return orig(self, *args, **kwargs)
-        return blocking.ssl_call(self, orig, args, kwargs, reading)
-
-    return method
 
 
 # --- select / selectors --------------------------------------------------------------------
@@ -302,125 +228,29 @@ def _make_join(orig: Callable[..., None]) -> Callable[..., None]:
     return join
 
 
-# --- subprocess ----------------------------------------------------------------------------
-
-_OWNED = "_timeoutcore_owned"  # on a Popen started inside a scope: "group" or "pid"
-_START_NEW_SESSION_POS = 15  # Popen(args, bufsize, ..., restore_signals, start_new_session)
-
-
-def _make_popen_init(orig: Callable[..., None]) -> Callable[..., None]:
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if _remaining() is None:
-            return orig(self, *args, **kwargs)
-        own = "pid"
-        if ("start_new_session" not in kwargs and "process_group" not in kwargs
-                and len(args) <= _START_NEW_SESSION_POS):
-            kwargs["start_new_session"] = True
-        if kwargs.get("start_new_session") is True:
-            own = "group"
-        orig(self, *args, **kwargs)
-        setattr(self, _OWNED, own)
-        return None
-
-    return __init__
-
-
-def _abandon(proc: Any) -> None:
-    """The deadline interrupted a wait on ``proc``: a scope-owned child is killed, reaped."""
-    owned = getattr(proc, _OWNED, None)
-    if owned is not None:
-        from .subprocess import kill_and_reap
-
-        kill_and_reap(proc, group=owned == "group")
-
-
-def _make_popen_wait(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def wait(self: Any, timeout: Optional[float] = None) -> Any:
-        if (_remaining() is None or self.returncode is not None
-                or not (timeout is None or _is_number(timeout))):
-            return orig(self, timeout)
-
-        def step(t: Optional[float]) -> Tuple[bool, Any]:
-            with _shield():
-                try:
-                    return True, orig(self, t)
-                except subprocess.TimeoutExpired as exc:
-                    return False, exc
-
-        return _owned_wait(self, step, timeout)
-
-    return wait
-
-
-def _owned_wait(proc: Any, step: Callable[[Optional[float]], Tuple[bool, Any]],
-                timeout: Optional[float]) -> Any:
-    """Run a Popen wait in deadline-bounded steps; if the deadline interrupts it, kill and
-    reap the scope-owned child before the interrupt goes on."""
-    try:
-        result = bounded_wait(step, timeout)
-    except _DeadlineInterrupt:
-        _abandon(proc)
-        raise
-    if isinstance(result, subprocess.TimeoutExpired):
-        result.timeout = timeout  # type: ignore[assignment]
-        raise result
-    return result
-
-
-def _make_communicate(orig: Callable[..., Any]) -> Callable[..., Any]:
-    def communicate(self: Any, input: Any = None, timeout: Optional[float] = None) -> Any:  # noqa: A002
-        if (_remaining() is None or not (timeout is None or _is_number(timeout))):
-            return orig(self, input, timeout)
-        sent = [False]
-
-        def step(t: Optional[float]) -> Tuple[bool, Any]:
-            data = None if sent[0] else input  # a retried communicate() must not resend
-            sent[0] = True
-            with _shield():
-                try:
-                    return True, orig(self, data, t)
-                except subprocess.TimeoutExpired as exc:
-                    return False, exc
-
-        return _owned_wait(self, step, timeout)
-
-    return communicate
-
-
 # --- the table of patches ------------------------------------------------------------------
 
 
-def _targets() -> list[tuple[str, Any, str, Callable[[Any], Callable[..., Any]]]]:
-    """(group, owner, attribute, make(original) -> wrapper)."""
-    import select
+def _targets() -> list[tuple[str, Any, str, Make]]:
+    """(group, owner, attribute, make(original) -> wrapper), in the order they are applied.
 
-    pollin = blocking._POLLIN
-    sock = socket.socket
-    out: list[tuple[str, Any, str, Callable[[Any], Callable[..., Any]]]] = [
-        ("sleep", time, "sleep", _make_sleep),
-        ("socket", sock, "recv", lambda o: _make_sock_io(o, pollin, 1, False)),
-        ("socket", sock, "recvfrom", lambda o: _make_sock_io(o, pollin, 1, False)),
-        ("socket", sock, "recv_into", lambda o: _make_sock_io(o, pollin, 2, True)),
-        ("socket", sock, "recvfrom_into", lambda o: _make_sock_io(o, pollin, 2, True)),
-        ("socket", sock, "send",
-         lambda o: _make_send(original(socket.socket.send), o, False)),
-        ("socket", sock, "sendall",
-         lambda o: _make_send(original(socket.socket.send), o, True)),
-        ("socket", sock, "sendto", _make_sendto),
-        ("socket", sock, "_accept", _make_accept),
-        ("socket", sock, "connect", lambda o: _make_connect(o, False)),
-        ("socket", sock, "connect_ex", lambda o: _make_connect(o, True)),
+    The modules of the socket/TLS and subprocess patches are imported here, when
+    ``patch()`` runs: ``import timeoutcore`` loads neither ``socket``, ``ssl`` nor
+    ``subprocess``.
+    """
+    import select
+    import selectors
+
+    from . import _patch_socket, _patch_subprocess
+
+    net = _patch_socket.targets()
+    out: list[tuple[str, Any, str, Make]] = [("sleep", time, "sleep", _make_sleep)]
+    out += [t for t in net if t[0] == "socket"]
+    out += [
         ("select", select, "select", _make_select),
         ("select", select, "poll", _make_poll_factory),
     ]
-    if ssl is not None:
-        tls = ssl.SSLSocket
-        out += [
-            ("ssl", tls, "read", lambda o: _make_ssl(o, True)),
-            ("ssl", tls, "write", lambda o: _make_ssl(o, False)),
-            ("ssl", tls, "send", lambda o: _make_ssl(o, False)),
-            ("ssl", tls, "do_handshake", lambda o: _make_ssl(o, False)),
-        ]
+    out += [t for t in net if t[0] == "ssl"]
     for name in ("SelectSelector", "_PollLikeSelector", "EpollSelector", "DevpollSelector",
                  "KqueueSelector"):
         cls = getattr(selectors, name, None)
@@ -429,12 +259,8 @@ def _targets() -> list[tuple[str, Any, str, Callable[[Any], Callable[..., Any]]]
     out += [
         ("threading", threading.Condition, "wait", _make_condition_wait),
         ("threading", threading.Thread, "join", _make_join),
-        ("subprocess", subprocess.Popen, "__init__", _make_popen_init),
-        ("subprocess", subprocess.Popen, "wait", _make_popen_wait),
-        ("subprocess", subprocess.Popen, "communicate", _make_communicate),
     ]
-    if not blocking._DONTWAIT:
-        out = [t for t in out if t[0] != "socket"]
+    out += _patch_subprocess.targets()
     if NATIVE_INTERRUPTS:
         out = [t for t in out if t[0] not in ("sleep", "socket", "ssl", "select")]
     return out

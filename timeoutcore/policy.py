@@ -1,44 +1,58 @@
 """Deadline policies: validated limits per job, from code, JSON files or the environment.
 
->>> table = PolicyTable.from_dict({"default": {"hard": 30}, "resize": {"hard": 2, "soft": 1.5}})
+>>> table = PolicyTable.from_dict({"default": {"limit": 30},
+...                                 "resize": {"limit": 2, "soft_limit": 1.5}})
 >>> with table.scope("resize"): ...
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from . import _validate
+from .scope import DeadlineScope, thread_deadline
 
 ENV_PREFIX = "TIMEOUTCORE_POLICY__"
 
 
-class DeadlinePolicy(BaseModel):
-    """Limits for one kind of job. ``hard`` is required; ``soft`` must be below it."""
+class DeadlinePolicy(_validate.LimitNames, BaseModel):
+    """Limits for one kind of job: ``limit`` (the hard limit, seconds) is required,
+    ``soft_limit`` must be below it.
+
+    ``hard`` and ``soft`` are the older names of the two (accepted as input keys, readable as
+    attributes, and the keys ``model_dump()`` writes).
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    hard: float
-    soft: Optional[float] = None
+    hard: float = Field(alias="limit", validation_alias=AliasChoices("hard", "limit"))
+    soft: Optional[float] = Field(
+        default=None, alias="soft_limit", validation_alias=AliasChoices("soft", "soft_limit")
+    )
     label: Optional[str] = None
     soft_raise: bool = False
     raise_on_timeout: bool = True
 
     @field_validator("hard", "soft")
     @classmethod
-    def _positive_finite(cls, value: Optional[float]) -> Optional[float]:
-        if value is None:
-            return None
-        if math.isnan(value) or math.isinf(value):
-            raise ValueError("must be a finite number of seconds (not NaN or infinity)")
-        if value <= 0:
-            raise ValueError("must be a positive number of seconds")
-        return value
+    def _seconds(cls, value: Optional[float], info: ValidationInfo) -> Optional[float]:
+        # after pydantic's own coercion (the environment gives strings such as "2.5")
+        return _validate.seconds(value, "DeadlinePolicy", str(info.field_name), allow_none=True)
 
     @model_validator(mode="after")
     def _soft_below_hard(self) -> DeadlinePolicy:
@@ -46,16 +60,14 @@ class DeadlinePolicy(BaseModel):
             raise ValueError(f"soft ({self.soft} s) must be less than hard ({self.hard} s)")
         return self
 
-    def scope(self, **overrides: Any) -> Any:
+    def scope(self, **overrides: Any) -> DeadlineScope:
         """A fresh ``thread_deadline`` with these limits (keyword overrides allowed)."""
-        from .scope import thread_deadline
-
         kw: dict[str, Any] = {
             "label": self.label,
             "raise_on_timeout": self.raise_on_timeout,
         }
         if self.soft is not None:
-            kw["soft"] = self.soft
+            kw["soft_limit"] = self.soft
             kw["soft_raise"] = self.soft_raise
         kw.update(overrides)
         return thread_deadline(self.hard, **kw)
@@ -103,7 +115,8 @@ class PolicyTable:
     ) -> PolicyTable:
         """``TIMEOUTCORE_POLICY__<JOB>__<FIELD>=value`` (job ``DEFAULT`` is the default).
 
-        Fields: HARD, SOFT, LABEL, SOFT_RAISE, RAISE_ON_TIMEOUT.
+        Fields: LIMIT, SOFT_LIMIT, LABEL, SOFT_RAISE, RAISE_ON_TIMEOUT (HARD and SOFT are
+        the older names of the first two).
         """
         env = os.environ if environ is None else environ
         raw: dict[str, dict[str, Any]] = {}
@@ -127,7 +140,7 @@ class PolicyTable:
             raise KeyError(f"no deadline policy for job {name!r} and no default policy")
         return policy
 
-    def scope(self, name: str, **overrides: Any) -> Any:
+    def scope(self, name: str, **overrides: Any) -> DeadlineScope:
         """A fresh ``thread_deadline`` for job ``name``; the label defaults to the name."""
         policy = self.get(name)
         if policy.label is None:

@@ -13,17 +13,17 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional, Union
 
 import orjson
 from pydantic import BaseModel, ConfigDict
 
-from .errors import DeadlineExceeded, _DeadlineInterrupt
+from ._status import Status, status_of
+
+__all__ = ["DeadlineResult", "ResultLog", "Status", "build_result", "status_of"]
 
 # time.time() - time.monotonic(), read once: results are then reproducible
 _WALL_MINUS_MONOTONIC = time.time() - time.monotonic()
-
-Status = Literal["completed", "soft_exceeded", "timed_out", "cancelled", "error"]
 
 
 class DeadlineResult(BaseModel):
@@ -51,19 +51,6 @@ class DeadlineResult(BaseModel):
     def from_json(cls, data: Union[bytes, str]) -> DeadlineResult:
         """Parse what :meth:`to_json` wrote."""
         return cls.model_validate(orjson.loads(data))
-
-
-def status_of(scope: Any) -> Status:
-    """``timed_out`` / ``cancelled`` / ``error`` / ``soft_exceeded`` / ``completed`` for an
-    exited scope."""
-    if scope.expired():
-        return "cancelled" if getattr(scope, "_cancelled", False) else "timed_out"
-    exc = scope.exit_exception
-    if exc is not None and not isinstance(exc, (DeadlineExceeded, _DeadlineInterrupt)):
-        return "error"
-    if getattr(scope, "_soft_fired", False):
-        return "soft_exceeded"
-    return "completed"
 
 
 def build_result(scope: Any, thread_name: Optional[str] = None) -> DeadlineResult:

@@ -9,11 +9,10 @@ what is not on that path: the decorator form and ``repr``.
 from __future__ import annotations
 
 import functools
-import math
 import time
-from typing import Any, Callable, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, cast
 
-from . import _hooks
+from . import _hooks, _validate
 from ._engine import core
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -21,7 +20,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Per-scope state of the optional features; every engine's scope class declares them.
 EXTRA_SLOTS = ("_extras", "_soft", "_on_soft", "_soft_raise", "_soft_fired", "_cleanups",
                "_result_log", "_observer", "_cancelled")
-_EXTRA_KEYS = ("soft", "on_soft", "soft_raise", "result_log", "observer")
+_EXTRA_KEYS = ("soft_limit", "soft", "on_soft", "soft_raise", "result_log", "observer")
 
 
 class _ScopeMixin:
@@ -37,18 +36,15 @@ class _ScopeMixin:
         unknown = sorted(set(extras) - set(_EXTRA_KEYS))
         if unknown:
             raise TypeError(f"thread_deadline() got an unexpected keyword argument {unknown[0]!r}")
-        soft = extras.get("soft")
+        soft = _validate.alias("thread_deadline()", "soft_limit", extras.get("soft_limit"),
+                               "soft", extras.get("soft"))
         on_soft = extras.get("on_soft")
         soft_raise = extras.get("soft_raise", False)
         result_log = extras.get("result_log")
         observer = extras.get("observer")
         if soft is not None:
-            if isinstance(soft, bool) or not isinstance(soft, (int, float)):
-                raise TypeError(
-                    f"thread_deadline(): soft must be a number of seconds, not {type(soft).__name__}"
-                )
-            if not math.isfinite(soft) or soft <= 0:
-                raise ValueError(f"thread_deadline(): soft must be a positive finite number of seconds, got {soft!r}")
+            arg = "soft_limit" if extras.get("soft_limit") is not None else "soft"
+            soft = _validate.seconds(soft, "thread_deadline()", arg)
             hard = scope.limit
             if hard is None and scope.when() is None:
                 raise ValueError("thread_deadline(): soft needs a hard limit (seconds)")
@@ -124,14 +120,20 @@ class _ScopeMixin:
         scope: Any = self
         if scope.exited_at is None:
             raise RuntimeError("the result exists once the block has exited")
-        from .results import build_result
-
-        return build_result(scope)
+        return _hooks.features.build_result(scope)
 
     @property
     def soft_limit(self) -> Optional[float]:
         """The soft limit in seconds, or None."""
         return getattr(self, "_soft", None)
+
+    @property
+    def expired_at(self) -> Optional[float]:
+        """``time.monotonic()`` when this scope's deadline expired, or None (``fired_at`` is
+        the older name of the same value)."""
+        scope: Any = self
+        result: Optional[float] = scope.fired_at
+        return result
 
     def soft_expired(self) -> bool:
         """True once the soft limit has passed while the block was running."""
@@ -142,11 +144,9 @@ class _ScopeMixin:
         """A fresh scope for job ``name`` (a job name looked up in ``table`` -- by default
         the table set with ``policy.set_policy_table`` or read from the environment -- or a
         ``DeadlinePolicy``)."""
-        from .policy import DeadlinePolicy, policy_table
-
-        if isinstance(name, DeadlinePolicy):
+        if not isinstance(name, str):  # a DeadlinePolicy
             return name.scope(**overrides)
-        return (table or policy_table()).scope(name, **overrides)
+        return (table or _hooks.features.policy_table()).scope(name, **overrides)
 
     def __call__(self, fn: F) -> F:
         """Decorate ``fn``: every call runs under a fresh scope with these settings."""
@@ -176,17 +176,26 @@ class _ScopeMixin:
         return f"<DeadlineScope label={scope.label!r} limit={scope.limit!r} {state}{fired}>"
 
 
-class DeadlineScope(_ScopeMixin, core.Scope):  # type: ignore[misc]
+if TYPE_CHECKING:
+    # For type checkers the pure-Python engine's scope, a concrete class, stands in for
+    # whichever engine runs (both satisfy _engine_api.EngineScope, which mypy checks).
+    from ._fallback import Scope as _EngineScope
+else:
+    _EngineScope = core.Scope  # the chosen engine's scope type (C in the native engine)
+
+
+class DeadlineScope(_ScopeMixin, _EngineScope):
     """A hard deadline for the block it guards, in the thread that enters it.
 
-    ``thread_deadline(seconds, *, label=None, raise_on_timeout=True, soft=None,
-    on_soft=None, soft_raise=False, result_log=None)`` returns one. ``seconds`` counts from
-    entry into the block; ``None`` means no deadline. When the deadline passes, the block is
-    interrupted wherever it is (Python code, or a blocking call the signal can knock loose)
-    and ``DeadlineExceeded`` is raised at the block's exit; with ``raise_on_timeout=False``
-    the block is abandoned silently and ``expired()`` tells.
+    ``thread_deadline(seconds, *, label=None, raise_on_timeout=True, soft_limit=None,
+    on_soft=None, soft_raise=False, result_log=None)`` returns one. ``seconds``, the hard
+    limit (read back as ``limit``), counts from entry into the block; ``None`` means no
+    deadline. When the deadline expires, the block is interrupted wherever it is (Python
+    code, or a blocking call the signal can knock loose) and ``DeadlineExceeded`` is raised
+    at the block's exit; with ``raise_on_timeout=False`` the block is abandoned silently and
+    ``expired()`` tells.
 
-    ``soft`` (seconds from entry, below the hard limit) logs a warning, calls
+    ``soft_limit`` (alias ``soft``; seconds from entry, below the hard limit) logs a warning, calls
     ``on_soft(scope)`` once on a callback thread, and with ``soft_raise=True`` raises the
     catchable ``SoftDeadlineExceeded`` inside the block (or, given an ``Exception``
     subclass as ``soft_raise``, that exception); the hard limit still follows.
@@ -196,10 +205,11 @@ class DeadlineScope(_ScopeMixin, core.Scope):  # type: ignore[misc]
     deadline); what ``contrib.redis`` uses to publish a block's deadline.
 
     A scope is single-use. Used as a decorator it makes a fresh scope for every call.
-    Methods: ``when()``, ``reschedule(when)``, ``expired()``, ``remaining()``,
-    ``elapsed()``, ``on_timeout(fn, *args)``, ``cancel()``, ``cancelled()``; attributes ``label``, ``limit``,
-    ``soft_limit``, ``overshoot``, ``result`` (after exit), ``fired_at``, ``entered_at``,
-    ``exited_at``, ``active``, ``thread_ident``, ``native_id``.
+    Methods: ``when()``, ``reschedule(when)``, ``expired()``, ``soft_expired()``,
+    ``remaining()``, ``elapsed()``, ``on_timeout(fn, *args)``, ``cancel()``, ``cancelled()``;
+    attributes ``label``, ``limit``, ``soft_limit``, ``overshoot``, ``result`` (after exit),
+    ``expired_at`` (alias ``fired_at``), ``entered_at``, ``exited_at``, ``active``,
+    ``thread_ident``, ``native_id``.
     """
 
     __slots__ = EXTRA_SLOTS
@@ -241,10 +251,20 @@ def remaining() -> Optional[float]:
     return result
 
 
+def current_deadline() -> Optional[float]:
+    """The current thread's effective deadline: the earliest deadline of its active scopes,
+    as a ``time.monotonic()`` value (like trio's ``current_effective_deadline()``).
+
+    ``None`` when no active scope of this thread has a deadline. Unlike ``remaining()``,
+    the value does not shrink as time passes, so it can be handed on as an absolute
+    deadline (to ``thread_deadline_at`` in a helper thread, or to a wait of your own).
+    """
+    return core.current_deadline()
+
+
 def current_scope() -> Optional[DeadlineScope]:
     """The innermost active scope of the current thread, or ``None``."""
-    result: Optional[DeadlineScope] = core.current_scope()
-    return result
+    return cast(Optional[DeadlineScope], core.current_scope())
 
 
 def shield() -> Any:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
-from ._engine import core
+from . import _fork
+from ._engine import engine_of
 from .errors import SoftDeadlineExceeded
 
 log = logging.getLogger("timeoutcore")
@@ -83,12 +83,7 @@ class _SoftTimer:
         )
         if scope._soft_raise:
             exc = SoftDeadlineExceeded if scope._soft_raise is True else scope._soft_raise
-            if isinstance(scope, core.Scope):
-                core._raise_in_scope(scope, exc)
-            else:  # a scope of the other engine (tests run both side by side)
-                from . import _fallback
-
-                _fallback._raise_in_scope(scope, exc)
+            engine_of(scope)._raise_in_scope(scope, exc)
         callback: Optional[OnSoft] = scope._on_soft
         if callback is not None:
             self._callbacks().submit(_call_on_soft, callback, scope)
@@ -110,4 +105,4 @@ def _thread_name(ident: Optional[int]) -> Optional[str]:
 
 
 timer = _SoftTimer()
-os.register_at_fork(after_in_child=timer._after_fork_in_child)
+_fork.register(_fork.FEATURE, after_in_child=timer._after_fork_in_child)

@@ -15,8 +15,6 @@ a pydantic model serialised with orjson.
 
 from __future__ import annotations
 
-import ctypes
-import math
 import os
 import select
 import signal
@@ -29,6 +27,14 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBytes, StrictInt, StrictStr
 from pydantic import field_validator, model_validator
 
+from . import _validate
+from ._process_tree import (  # noqa: F401 - kill_and_reap, signal_tree: public here before
+    _REAP_ORPHANS_FOR,
+    _reap,
+    kill_and_reap,
+    reap_orphans,
+    signal_tree,
+)
 from .blocking import bounded_wait, original, wait_for
 
 __all__ = ["DEFAULT_GRACE", "DEFAULT_TAIL", "RunResult", "run"]
@@ -43,7 +49,6 @@ Status = Literal["completed", "soft_killed", "timed_out", "error"]
 
 _READ_CHUNK = 65536
 _DRAIN_AFTER_EXIT = 0.5  # s: reading output after the tree is gone (a runaway may hold a pipe)
-_REAP_ORPHANS_FOR = 2.0  # s: at most, waiting for re-parented descendants to be reaped
 _POLL_FALLBACK = (0.0005, 0.02)  # s: exit polling when pidfd_open is not available
 
 _Popen = _stdlib_subprocess.Popen
@@ -52,15 +57,11 @@ _Popen = _stdlib_subprocess.Popen
 # --- validation -------------------------------------------------------------------------
 
 
-def _seconds(value: Any, name: str, *, zero_ok: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if value < 0 or (value == 0 and not zero_ok):
-        raise ValueError(f"{name} must be {'non-negative' if zero_ok else 'positive'}, "
-                         f"got {value!r}")
-    return float(value)
+def _run_seconds(value: Any, arg: str, *, allow_zero: bool = False) -> float:
+    try:
+        return _validate.seconds(value, "run()", arg, allow_zero=allow_zero)
+    except TypeError as exc:  # pydantic reports ValueErrors only (as ValidationError)
+        raise ValueError(str(exc)) from None
 
 
 class _RunSpec(BaseModel):
@@ -97,17 +98,17 @@ class _RunSpec(BaseModel):
     @field_validator("hard", mode="before")
     @classmethod
     def _hard(cls, value: Any) -> float:
-        return _seconds(value, "hard")
+        return _run_seconds(value, "hard")
 
     @field_validator("soft", mode="before")
     @classmethod
     def _soft(cls, value: Any) -> Optional[float]:
-        return None if value is None else _seconds(value, "soft")
+        return None if value is None else _run_seconds(value, "soft")
 
     @field_validator("grace", mode="before")
     @classmethod
     def _grace(cls, value: Any) -> float:
-        return _seconds(value, "grace", zero_ok=True)
+        return _run_seconds(value, "grace", allow_zero=True)
 
     @model_validator(mode="after")
     def _order(self) -> _RunSpec:
@@ -119,7 +120,7 @@ class _RunSpec(BaseModel):
 # --- the result -------------------------------------------------------------------------
 
 
-class RunResult(BaseModel):
+class RunResult(_validate.LimitNames, BaseModel):
     """What :func:`run` reports.
 
     ``status``: ``completed`` (ended by itself, whatever its exit code), ``soft_killed``
@@ -160,123 +161,6 @@ class RunResult(BaseModel):
     def from_json(cls, data: Union[bytes, bytearray, memoryview, str]) -> RunResult:
         """The inverse of :meth:`to_json` (validated)."""
         return cls.model_validate(orjson.loads(data))
-
-
-# --- the process tree -------------------------------------------------------------------
-
-
-def _session_members(sid: int) -> list[tuple[int, int, int, bytes]]:
-    """``(pid, ppid, pgrp, state)`` of every process in session ``sid`` (from /proc)."""
-    members = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-            fields = data[data.rindex(b")") + 2:].split()
-            if int(fields[3]) == sid:
-                members.append((int(name), int(fields[1]), int(fields[2]), fields[0]))
-        except (OSError, ValueError, IndexError):
-            continue
-    return members
-
-
-def signal_tree(leader: int, sig: int, *, session: bool = True) -> None:
-    """Send ``sig`` to the process group ``leader`` and, with ``session``, to every other
-    process of the session ``leader`` (descendants that moved to a process group of their
-    own). Call it before ``leader`` is reaped: until then neither id can be reused."""
-    try:
-        os.killpg(leader, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if not session:
-        return
-    for pid, _, pgrp, state in _session_members(leader):
-        if pgrp != leader and state != b"Z":
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-_PR_GET_CHILD_SUBREAPER = 37
-_libc: Any = None
-
-
-def _is_reaper() -> bool:
-    """Are orphans re-parented to this process (PID 1, or a child subreaper)?"""
-    global _libc
-    if os.getpid() == 1:
-        return True
-    try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
-        flag = ctypes.c_int(0)
-        return bool(_libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
-                    and flag.value)
-    except (OSError, AttributeError):
-        return False
-
-
-def reap_orphans(sid: int, timeout: float = _REAP_ORPHANS_FOR) -> None:
-    """Reap the processes of session ``sid`` that were re-parented to this process.
-
-    Only does something when this process is PID 1 or a child subreaper (otherwise orphans
-    go to one of those, which reaps them). The members must have been sent ``SIGKILL``.
-    """
-    if not _is_reaper():
-        return
-    me = os.getpid()
-    end = time.monotonic() + timeout
-    while True:
-        members = _session_members(sid)
-        for pid, ppid, _, _ in members:
-            if ppid == me:
-                try:
-                    os.waitpid(pid, 0)
-                except ChildProcessError:
-                    pass
-        if not members or time.monotonic() >= end:
-            return
-        if all(ppid != me and state == b"Z" for _, ppid, _, state in members):
-            return  # zombies of someone else's
-        time.sleep(0.001)
-
-
-def kill_and_reap(proc: Any, *, group: bool = True) -> None:
-    """SIGKILL a ``Popen`` child (its whole group and session with ``group``) and reap it.
-
-    Used when a scope's deadline interrupts a wait on a scope-owned child; safe to call while
-    the interrupt is being raised (it never waits with a deadline).
-    """
-    if proc.returncode is None:
-        if group:
-            signal_tree(proc.pid, signal.SIGKILL)
-        else:
-            try:
-                os.kill(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _reap(proc)
-    if group:
-        reap_orphans(proc.pid)
-
-
-def _reap(proc: Any) -> None:
-    """Reap ``proc`` (already killed) without a deadline and without patched calls."""
-    if proc.returncode is not None:
-        return
-    try:
-        _, status = os.waitpid(proc.pid, 0)
-    except ChildProcessError:
-        original(_Popen.poll)(proc)  # someone else reaped it: let Popen find out
-        return
-    proc.returncode = os.waitstatus_to_exitcode(status)
 
 
 # --- run --------------------------------------------------------------------------------
@@ -344,25 +228,33 @@ class _ExitWatch:
 def run(
     cmd: Sequence[str],
     *,
-    hard: float,
-    soft: Optional[float] = None,
+    limit: Optional[float] = None,
+    soft_limit: Optional[float] = None,
     grace: float = DEFAULT_GRACE,
     cwd: Optional[Union[str, Path]] = None,
     env: Optional[Dict[str, str]] = None,
     input: Optional[bytes] = None,  # noqa: A002 - the name subprocess.run uses
     capture_tail: int = DEFAULT_TAIL,
+    hard: Optional[float] = None,
+    soft: Optional[float] = None,
 ) -> RunResult:
     """Run ``cmd`` (a list of strings, no shell) with a hard time limit; kill its whole tree.
 
-    ``hard``: seconds after which everything left of the command gets ``SIGKILL``.
-    ``soft``: seconds (``< hard``) after which its process group gets ``SIGTERM``; ``SIGKILL``
-    follows ``grace`` seconds later, or at ``hard``. ``input``: bytes for its stdin (else
+    ``limit`` (required): seconds after which everything left of the command gets
+    ``SIGKILL``. ``soft_limit``: seconds (``< limit``) after which its process group gets
+    ``SIGTERM``; ``SIGKILL`` follows ``grace`` seconds later, or at ``limit``. ``hard`` and
+    ``soft`` are the older spellings of ``limit`` and ``soft_limit`` (aliases; give one
+    of each pair). ``input``: bytes for its stdin (else
     ``/dev/null``). ``capture_tail``: bytes kept from the end of stdout and stderr (``0``:
     discard them). Returns a :class:`RunResult`; a command that cannot be started gives
     ``status="error"``. Bad arguments raise ``pydantic.ValidationError`` (a ``ValueError``).
     Inside a ``thread_deadline`` scope, the scope's deadline also ends it: the tree is killed
     and reaped, then the scope's interrupt goes on.
     """
+    hard = _validate.alias("run()", "limit", limit, "hard", hard)
+    if hard is None:
+        raise TypeError("run() needs the hard limit: limit=<seconds> (alias: hard=)")
+    soft = _validate.alias("run()", "soft_limit", soft_limit, "soft", soft)
     spec = _RunSpec.model_validate({
         "cmd": cmd, "hard": hard, "soft": soft, "grace": grace, "cwd": cwd, "env": env,
         "input": input, "capture_tail": capture_tail,

@@ -88,7 +88,10 @@ def _with_limits(target: Callable[..., Any], limits: _Limits, *args: Any, **kwar
         _pending.limits = None
 
 
-def _seconds(value: Any) -> Optional[float]:
+def _limit_option(value: Any) -> Optional[float]:
+    """A limit as Celery hands it to the pool (``timeout``/``soft_timeout``), in Celery's
+    convention: ``None``, ``False`` or a value <= 0 is "no limit". Not a validation: the
+    scope checks the number (timeoutcore._validate) when the task runs."""
     if value is None or value is False:
         return None
     seconds = float(value)
@@ -97,13 +100,13 @@ def _seconds(value: Any) -> Optional[float]:
 
 def _wrap_pool(pool: Any, registry: Any = None) -> None:
     original = pool.on_apply
-    default_hard = _seconds(pool.options.get("timeout"))
-    default_soft = _seconds(pool.options.get("soft_timeout"))
+    default_hard = _limit_option(pool.options.get("timeout"))
+    default_soft = _limit_option(pool.options.get("soft_timeout"))
 
     def on_apply(target: Callable[..., Any], args: Any = None, kwargs: Any = None,
                  callback: Any = None, accept_callback: Any = None, **options: Any) -> Any:
-        hard = _seconds(options.get("timeout")) or default_hard
-        soft = _seconds(options.get("soft_timeout")) or default_soft
+        hard = _limit_option(options.get("timeout")) or default_hard
+        soft = _limit_option(options.get("soft_timeout")) or default_soft
         if soft is not None and hard is not None and soft >= hard:
             soft = None  # as in prefork: the hard limit comes first, the soft one never fires
         if hard is not None or soft is not None:
@@ -136,7 +139,7 @@ def _run_limited(task: Any, run: Callable[..., Any], limits: _Limits,
                  args: Any, kwargs: Any) -> Any:
     extras: dict[str, Any] = {"label": task.name}
     if limits.soft is not None:
-        extras.update(soft=limits.soft, soft_raise=SoftTimeLimitExceeded)
+        extras.update(soft_limit=limits.soft, soft_raise=SoftTimeLimitExceeded)
         if limits.timeout_callback is not None:
             extras["on_soft"] = functools.partial(_soft_passed, limits)
     hard = limits.hard if limits.hard is not None else _NO_HARD_LIMIT

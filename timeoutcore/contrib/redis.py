@@ -43,6 +43,7 @@ import redis
 import redis.connection
 from pydantic import BaseModel, ConfigDict
 
+from .. import _fork
 from ..scope import DeadlineScope, shield, thread_deadline
 
 __all__ = ["DeadlineRegistry", "JobInfo", "JobNotFound"]
@@ -540,4 +541,4 @@ def _after_fork_in_child() -> None:
         registry._after_fork_in_child()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_fork.register(_fork.CONTRIB, after_in_child=_after_fork_in_child)

@@ -1,7 +1,8 @@
 """Side by side, in one run: timeoutcore and the ways Python code is time-limited today.
 
-``python -m timeoutcore bench`` prints what this module measures; ``benchmarks/`` (pytest-benchmark)
-runs the same code. Nothing here needs pytest.
+``python -m timeoutcore bench`` prints what this module measures (it loads this file from the
+source checkout); the ``bench_*.py`` files beside it (pytest-benchmark) run the same code.
+Nothing here needs pytest. Not part of the installed package.
 
 Methods compared (``METHODS``):
 
@@ -55,8 +56,8 @@ from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any, Callable, ContextManager, Iterator, Optional, Sequence
 
-from . import ENGINE, DeadlineExceeded, __version__, thread_deadline
-from . import sleep as tc_sleep
+from timeoutcore import ENGINE, DeadlineExceeded, __version__, thread_deadline
+from timeoutcore import sleep as tc_sleep
 
 Work = Callable[[], object]
 Progress = Callable[[str], None]
@@ -734,7 +735,7 @@ def _time_rounds(blocks: Callable[[int], None], cleanup: Callable[[], None], ops
 
 
 def _kernel_timer_pairs(n: int) -> None:
-    from . import _native
+    from timeoutcore import _native
 
     _native.bench_timer_pair(n)
 

@@ -1,0 +1,134 @@
+"""A command's process tree: signal it whole, reap it whole (no orphans, no zombies).
+
+Used by ``run()`` and by ``patch()`` (a scope-owned ``Popen`` child whose wait the deadline
+interrupted is killed and reaped here); plain ``os``/``signal`` code, safe to call while the
+deadline's interrupt is being raised (nothing here waits with a deadline).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess as _stdlib_subprocess
+import time
+from typing import Any
+
+from .blocking import original
+
+_REAP_ORPHANS_FOR = 2.0  # s: at most, waiting for re-parented descendants to be reaped
+_Popen = _stdlib_subprocess.Popen
+
+
+def _session_members(sid: int) -> list[tuple[int, int, int, bytes]]:
+    """``(pid, ppid, pgrp, state)`` of every process in session ``sid`` (from /proc)."""
+    members = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            fields = data[data.rindex(b")") + 2:].split()
+            if int(fields[3]) == sid:
+                members.append((int(name), int(fields[1]), int(fields[2]), fields[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return members
+
+
+def signal_tree(leader: int, sig: int, *, session: bool = True) -> None:
+    """Send ``sig`` to the process group ``leader`` and, with ``session``, to every other
+    process of the session ``leader`` (descendants that moved to a process group of their
+    own). Call it before ``leader`` is reaped: until then neither id can be reused."""
+    try:
+        os.killpg(leader, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if not session:
+        return
+    for pid, _, pgrp, state in _session_members(leader):
+        if pgrp != leader and state != b"Z":
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+_PR_GET_CHILD_SUBREAPER = 37
+_libc: Any = None
+
+
+def _is_reaper() -> bool:
+    """Are orphans re-parented to this process (PID 1, or a child subreaper)?"""
+    global _libc
+    if os.getpid() == 1:
+        return True
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        flag = ctypes.c_int(0)
+        return bool(_libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
+                    and flag.value)
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_orphans(sid: int, timeout: float = _REAP_ORPHANS_FOR) -> None:
+    """Reap the processes of session ``sid`` that were re-parented to this process.
+
+    Only does something when this process is PID 1 or a child subreaper (otherwise orphans
+    go to one of those, which reaps them). The members must have been sent ``SIGKILL``.
+    """
+    if not _is_reaper():
+        return
+    me = os.getpid()
+    end = time.monotonic() + timeout
+    while True:
+        members = _session_members(sid)
+        for pid, ppid, _, _ in members:
+            if ppid == me:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+        if not members or time.monotonic() >= end:
+            return
+        if all(ppid != me and state == b"Z" for _, ppid, _, state in members):
+            return  # zombies of someone else's
+        time.sleep(0.001)
+
+
+def kill_and_reap(proc: Any, *, group: bool = True) -> None:
+    """SIGKILL a ``Popen`` child (its whole group and session with ``group``) and reap it.
+
+    Used when a scope's deadline interrupts a wait on a scope-owned child; safe to call while
+    the interrupt is being raised (it never waits with a deadline).
+    """
+    if proc.returncode is None:
+        if group:
+            signal_tree(proc.pid, signal.SIGKILL)
+        else:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap(proc)
+    if group:
+        reap_orphans(proc.pid)
+
+
+def _reap(proc: Any) -> None:
+    """Reap ``proc`` (already killed) without a deadline and without patched calls."""
+    if proc.returncode is not None:
+        return
+    try:
+        _, status = os.waitpid(proc.pid, 0)
+    except ChildProcessError:
+        original(_Popen.poll)(proc)  # someone else reaped it: let Popen find out
+        return
+    proc.returncode = os.waitstatus_to_exitcode(status)
