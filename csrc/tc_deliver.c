@@ -24,6 +24,13 @@
  * user protected.  A scope whose frame is not on the stack (a generator that
  * yielded inside its with) is judged by the innermost frame alone.
  *
+ * The watchdog never raises into the thread itself while the hook is armed
+ * (deliver_backstop): a stack it checks from outside is not the stack the
+ * thread will be on when an asynchronous exception surfaces.  On 3.11, where
+ * a loop that jumps to itself has no line event, it turns on opcode events
+ * for the thread's innermost frame, and the hook raises at that frame's
+ * back-edge -- still decided in the thread.
+ *
  * Explicit raise points -- timeoutcore.sleep(), checkpoint(), a shield's
  * exit, a scope's enter or exit -- still raise synchronously: they are where
  * the caller asked for it.  Without a hook (set-up failed, or sys.monitoring
@@ -136,12 +143,45 @@ static int stack_protected(PyFrameObject *cur, PyObject *scope_frame, PyObject *
 static int deliver_here(tc_slot *s);
 
 #if TC_HOOK_TRACE
+/* Is frame `f` about to run a JUMP_BACKWARD (a loop's back-edge)? */
+static int at_back_edge(PyFrameObject *f)
+{
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *bytes = PyCode_GetCode(code);
+    int lasti = PyFrame_GetLasti(f), r = 0;
+    if (bytes != NULL && lasti >= 0 && lasti < PyBytes_GET_SIZE(bytes))
+        r = ((const unsigned char *)PyBytes_AS_STRING(bytes))[lasti] == JUMP_BACKWARD;
+    if (bytes == NULL)
+        PyErr_Clear();
+    Py_XDECREF(bytes);
+    Py_DECREF(code);
+    return r;
+}
+
+/* Opcode events of the frame the backstop chose are ours alone. */
+static void op_frame_clear(tc_slot *s)
+{
+    if (s->op_frame == NULL)
+        return;
+    if (PyObject_SetAttrString(s->op_frame, "f_trace_opcodes", Py_False) < 0)
+        PyErr_Clear();
+    Py_CLEAR(s->op_frame);
+}
+
 static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg)
 {
     tc_slot *s = t_slot;
     (void)obj;
     if (s == NULL)
         return 0;
+    if (what == PyTrace_OPCODE && (PyObject *)frame == s->op_frame) {
+        /* Turned on by the backstop for a loop without line events
+         * (`while True: pass` jumps to itself, which 3.11 does not trace):
+         * raise at its back-edge, where the eval breaker would have. */
+        if (s->pending != NULL && at_back_edge(frame))
+            return deliver_here(s);
+        return 0;
+    }
     if (s->prev_trace != NULL && s->prev_trace(s->prev_traceobj, frame, what, arg) != 0)
         return -1; /* the thread's own tracer raised */
     if (what == PyTrace_LINE && s->pending != NULL)
@@ -173,6 +213,7 @@ static void hook_disarm(tc_slot *s, PyThreadState *t)
     if (!s->hooked)
         return;
     s->hooked = 0;
+    op_frame_clear(s);
     /* If the thread replaced our tracer meanwhile (sys.settrace), theirs
      * stays; else the one we found is put back. */
     if (t != NULL && t->c_tracefunc == trace_cb &&
@@ -180,6 +221,47 @@ static void hook_disarm(tc_slot *s, PyThreadState *t)
         PyErr_Clear();
     s->prev_trace = NULL;
     Py_CLEAR(s->prev_traceobj);
+}
+
+/* Backstop (watchdog, GIL held, thread `t` paused): still pending.  If the
+ * thread replaced our tracer (sys.settrace), chain to the new one; and turn
+ * on opcode events for its innermost frame, in case it loops without line
+ * boundaries.  Nothing is raised from here: the hook decides, in the
+ * thread. */
+static void hook_nudge(tc_slot *s, PyThreadState *t)
+{
+    PyFrameObject *f;
+    if (t->c_tracefunc != trace_cb) {
+        s->hooked = 0;
+        op_frame_clear(s);
+        s->prev_trace = NULL;
+        Py_CLEAR(s->prev_traceobj);
+        if (hook_arm(s, t) < 0)
+            return;
+    }
+    if ((f = PyThreadState_GetFrame(t)) == NULL)
+        return;
+    if ((PyObject *)f == s->op_frame) {
+        Py_DECREF(f);
+        return;
+    }
+    op_frame_clear(s);
+    {
+        PyObject *was = PyObject_GetAttrString((PyObject *)f, "f_trace_opcodes");
+        int on = was == Py_True;
+        Py_XDECREF(was);
+        PyErr_Clear();
+        if (on) { /* someone traces its opcodes already: leave it alone */
+            Py_DECREF(f);
+            return;
+        }
+    }
+    if (PyObject_SetAttrString((PyObject *)f, "f_trace_opcodes", Py_True) < 0) {
+        PyErr_Clear();
+        Py_DECREF(f);
+        return;
+    }
+    s->op_frame = (PyObject *)f; /* the reference moves here */
 }
 
 static int hook_setup(void) { return 0; }
@@ -252,6 +334,14 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     if (to <= from && deliver_here(s) < 0)
         return NULL;
     Py_RETURN_NONE;
+}
+
+/* Backstop: LINE and backward JUMP events cover every loop of bytecode, so
+ * there is nothing to add. */
+static void hook_nudge(tc_slot *s, PyThreadState *t)
+{
+    (void)s;
+    (void)t;
 }
 
 static PyMethodDef g_mon_line_def = {"_on_line", (PyCFunction)(void (*)(void))mon_line,
@@ -331,11 +421,12 @@ static int deliver_here(tc_slot *s)
 {
     PyObject *scope = s->pending_scope, *where = NULL, *exc;
     int64_t now;
+    STAT_INC(hook_calls);
     if (atomic_load(&s->shield) > 0)
         return 0; /* the shield's exit delivers */
     PyFrameObject *cur = PyEval_GetFrame(); /* borrowed */
     PyThreadState *me = PyThreadState_Get();
-    if (cur == NULL || tc_at_with_exit(cur))
+    if (cur == NULL || tc_at_with_exit(cur) || tc_in_with_enter_gap(cur))
         return 0; /* the next line boundary will do */
     if (tc_raising(me, g_interrupt) || tc_handling(me, g_interrupt))
         return 0; /* already on its way out; if swallowed, this one follows */
@@ -350,6 +441,7 @@ static int deliver_here(tc_slot *s)
             else
                 Py_XDECREF(where);
         }
+        STAT_INC(hook_defers);
         return 0;
     }
     exc = s->pending;
@@ -362,6 +454,7 @@ static int deliver_here(tc_slot *s)
         as_scope(scope)->delivered_at = now;
     }
     s->deferred_since = 0;
+    STAT_INC(hook_raises);
     PyErr_SetNone(exc);
     Py_DECREF(exc);
     return -1;
@@ -392,35 +485,27 @@ static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
         Py_CLEAR(s->pending); /* no hook: fall back below */
         s->pending_scope = NULL;
     }
+    STAT_INC(async_fallbacks);
     PyThreadState_SetAsyncExc(s->ident, exc);
     s->async_pending = 1;
     return 1;
 }
 
-/* The watchdog's backstop (GIL held, the thread paused): a delivery still
- * pending at a re-injection time although the thread's stack holds no
- * protected code -- the thread runs no line boundaries (a one-instruction
- * loop such as `while True: pass`, which 3.11 does not trace) or someone
- * removed the hook.  Then the interrupt is also raised asynchronously; the
- * hook stays armed, and whichever comes first delivers it. */
+/* The watchdog's backstop, at each re-injection time while a delivery is
+ * still pending (GIL held, the thread paused).  It never raises: checking
+ * the stack from here and raising asynchronously decides nothing, because
+ * the thread runs on (a C call that released the GIL returns) and meets the
+ * asynchronous exception at its next eval-breaker check, often inside
+ * protected code -- measured on 3.11: leaked Semaphore and handler locks in
+ * the integrity hammer, gone without it.  It only makes sure the hook can
+ * still see the thread (hook_nudge). */
 static void deliver_backstop(tc_slot *s)
 {
     PyThreadState *t;
-    PyObject *scope = s->pending_scope;
-    PyFrameObject *f;
-    int unsafe;
-    if (s->pending == NULL || s->async_pending || (t = tc_find_tstate(s->ident)) == NULL)
+    if (s->pending == NULL || !s->hooked || (t = tc_find_tstate(s->ident)) == NULL)
         return;
-    if ((f = PyThreadState_GetFrame(t)) == NULL)
-        return;
-    unsafe = tc_in_with_enter_gap(f);
-    if (unsafe || stack_protected(f, scope != NULL ? as_scope(scope)->frame : NULL, NULL)) {
-        if (unsafe)
-            Py_DECREF(f);
-        return;
-    }
-    PyThreadState_SetAsyncExc(s->ident, s->pending);
-    s->async_pending = 1;
+    STAT_INC(backstops);
+    hook_nudge(s, t);
 }
 
 /* Withdraw what was sent and has not surfaced yet.  Returns the time it had

@@ -123,6 +123,8 @@ typedef struct tc_slot {
 #if TC_HOOK_TRACE
     Py_tracefunc prev_trace;       /* the thread's own tracer, chained    */
     PyObject *prev_traceobj;       /* (strong)                            */
+    PyObject *op_frame;            /* frame whose opcode events the
+                                      backstop turned on (strong), or NULL */
 #endif
 } tc_slot;
 
@@ -180,7 +182,8 @@ static PyObject *g_shield_type;
 /* Counters (struct tc_stats); relaxed atomics, any thread. */
 static struct {
     _Atomic uint64_t slots_live, timers_live, fires, reinjections, kicks, signals_seen,
-        watchdog_wakeups, gil_takes, requeues, stale_scopes;
+        watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
+        hook_calls, backstops, async_fallbacks;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

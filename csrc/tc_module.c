@@ -497,6 +497,11 @@ void tc_get_stats(struct tc_stats *o)
     o->gil_takes = atomic_load(&g_st.gil_takes);
     o->requeues = atomic_load(&g_st.requeues);
     o->stale_scopes = atomic_load(&g_st.stale_scopes);
+    o->hook_raises = atomic_load(&g_st.hook_raises);
+    o->hook_defers = atomic_load(&g_st.hook_defers);
+    o->hook_calls = atomic_load(&g_st.hook_calls);
+    o->backstops = atomic_load(&g_st.backstops);
+    o->async_fallbacks = atomic_load(&g_st.async_fallbacks);
 }
 
 int tc_signal_number(void) { return g_signo; }

@@ -104,6 +104,11 @@ struct tc_stats {
     uint64_t gil_takes;        /* times the watchdog took the GIL           */
     uint64_t requeues;         /* GIL handed back to be retaken later       */
     uint64_t stale_scopes;     /* scopes cleaned up whose exit never ran    */
+    uint64_t hook_raises;      /* interrupts raised by the in-thread hook   */
+    uint64_t hook_defers;      /* hook calls that found protected code      */
+    uint64_t hook_calls;       /* hook calls with something pending         */
+    uint64_t backstops;        /* watchdog nudges of a still-pending hook   */
+    uint64_t async_fallbacks;  /* raised asynchronously without a hook      */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules
