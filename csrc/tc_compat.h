@@ -164,6 +164,114 @@ static inline int tc_at_with_exit(PyFrameObject *f)
     return r;
 }
 
+/* Instructions that cannot raise need no exception-table entry, and the
+ * compiler does not always give them the enclosing handler: the NOP of a
+ * `pass` that is a with's whole body lies outside the with's range on
+ * 3.11-3.14 (`with sem: pass`: raising at its line event skipped
+ * Semaphore.__exit__; tests/test_integrity.py).  So an exception may be
+ * raised "at" an instruction that cannot raise only if the exception table
+ * gives it the handler of the instruction before it (the code it continues);
+ * else the next line boundary is the place.  Opcodes are deoptimised. */
+static inline int tc_op_cannot_raise(int op)
+{
+    switch (op) {
+    case NOP:
+    case POP_TOP:
+    case RESUME:
+    case JUMP_FORWARD:
+    case JUMP_BACKWARD:
+    case JUMP_BACKWARD_NO_INTERRUPT:
+    case RETURN_VALUE:
+#ifdef RETURN_CONST
+    case RETURN_CONST: /* 3.12, 3.13 */
+#endif
+#ifdef NOT_TAKEN
+    case NOT_TAKEN: /* 3.14 */
+#endif
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* One varint of the exception table (Objects/exception_handling_notes.txt:
+ * 6-bit groups, bit 6 = more follows, bit 7 = start of an entry). */
+static inline int tc_exc_varint(const unsigned char **p, const unsigned char *end)
+{
+    int b, v;
+    if (*p >= end)
+        return -1;
+    b = *(*p)++;
+    v = b & 63;
+    while (b & 64) {
+        if (*p >= end)
+            return -1;
+        b = *(*p)++;
+        v = (v << 6) | (b & 63);
+    }
+    return v;
+}
+
+/* Handler target (code units) covering code unit `unit` of `code`, or -1. */
+static inline int tc_exc_handler(PyCodeObject *code, int unit)
+{
+    PyObject *tab = code->co_exceptiontable;
+    const unsigned char *p, *end;
+    if (tab == NULL || !PyBytes_Check(tab))
+        return -1;
+    p = (const unsigned char *)PyBytes_AS_STRING(tab);
+    end = p + PyBytes_GET_SIZE(tab);
+    while (p < end) {
+        int start = tc_exc_varint(&p, end), len = tc_exc_varint(&p, end);
+        int target = tc_exc_varint(&p, end), dl = tc_exc_varint(&p, end);
+        if (start < 0 || len < 0 || target < 0 || dl < 0)
+            return -1;
+        if (unit >= start && unit < start + len)
+            return target;
+    }
+    return -1;
+}
+
+/* The deoptimised opcode at byte offset `off` of `f`'s code, or -1. */
+static inline int tc_opcode_at(PyFrameObject *f, int off)
+{
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *bytes = PyCode_GetCode(code);
+    int r = -1;
+    if (bytes != NULL && off >= 0 && off < PyBytes_GET_SIZE(bytes))
+        r = ((const unsigned char *)PyBytes_AS_STRING(bytes))[off];
+    if (bytes == NULL)
+        PyErr_Clear();
+    Py_XDECREF(bytes);
+    Py_DECREF(code);
+    return r;
+}
+
+/* 1 if raising at byte offset `off` of `f`'s code could pick the wrong
+ * handler: the instruction cannot raise and its handler differs from the
+ * one of the instruction before it (cache entries, opcode CACHE = 0 in the
+ * deoptimised code, are skipped). */
+static inline int tc_uncovered_no_raise(PyFrameObject *f, int off)
+{
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *bytes = PyCode_GetCode(code);
+    int r = 0;
+    if (bytes != NULL && off >= 0 && off + 1 < PyBytes_GET_SIZE(bytes)) {
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(bytes);
+        if (tc_op_cannot_raise(b[off])) {
+            int prev = off - 2;
+            while (prev >= 0 && b[prev] == CACHE)
+                prev -= 2;
+            r = prev >= 0 && tc_exc_handler(code, off / 2) != tc_exc_handler(code, prev / 2);
+        }
+    }
+    if (bytes == NULL)
+        PyErr_Clear();
+    Py_XDECREF(bytes);
+    Py_DECREF(code);
+    return r;
+}
+
 /* 3.14 compiles `with cm:` as LOAD_SPECIAL __enter__; CALL 0, and checks the
  * eval breaker in that CALL, before the block's handler exists: an
  * asynchronous exception raised there leaves __enter__'s work (a taken lock)

@@ -140,22 +140,13 @@ static int stack_protected(PyFrameObject *cur, PyObject *scope_frame, PyObject *
 
 /* -- The hook: per-thread tracer (3.11) or sys.monitoring tool (3.12+) ---------- */
 
-static int deliver_here(tc_slot *s);
+static int deliver_here(tc_slot *s, int back_edge);
 
 #if TC_HOOK_TRACE
 /* Is frame `f` about to run a JUMP_BACKWARD (a loop's back-edge)? */
 static int at_back_edge(PyFrameObject *f)
 {
-    PyCodeObject *code = PyFrame_GetCode(f);
-    PyObject *bytes = PyCode_GetCode(code);
-    int lasti = PyFrame_GetLasti(f), r = 0;
-    if (bytes != NULL && lasti >= 0 && lasti < PyBytes_GET_SIZE(bytes))
-        r = ((const unsigned char *)PyBytes_AS_STRING(bytes))[lasti] == JUMP_BACKWARD;
-    if (bytes == NULL)
-        PyErr_Clear();
-    Py_XDECREF(bytes);
-    Py_DECREF(code);
-    return r;
+    return tc_opcode_at(f, PyFrame_GetLasti(f)) == JUMP_BACKWARD;
 }
 
 /* Opcode events of the frame the backstop chose are ours alone. */
@@ -179,13 +170,13 @@ static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg
          * (`while True: pass` jumps to itself, which 3.11 does not trace):
          * raise at its back-edge, where the eval breaker would have. */
         if (s->pending != NULL && at_back_edge(frame))
-            return deliver_here(s);
+            return deliver_here(s, 1);
         return 0;
     }
     if (s->prev_trace != NULL && s->prev_trace(s->prev_traceobj, frame, what, arg) != 0)
         return -1; /* the thread's own tracer raised */
     if (what == PyTrace_LINE && s->pending != NULL)
-        return deliver_here(s);
+        return deliver_here(s, 0);
     return 0;
 }
 
@@ -313,7 +304,7 @@ static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     (void)m;
     (void)args;
     (void)nargs;
-    if (s != NULL && s->pending != NULL && deliver_here(s) < 0)
+    if (s != NULL && s->pending != NULL && deliver_here(s, 0) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -331,8 +322,17 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    if (to <= from && deliver_here(s) < 0)
-        return NULL;
+    /* An exception raised here is attributed to the jump's target (the loop
+     * head); a target that cannot raise may lie outside the handler of the
+     * loop's with/try (tc_compat.h) -- except in a loop that jumps to
+     * itself, whose jump is the only instruction it runs. */
+    if (to <= from) {
+        PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+        if (f != NULL && to != from && tc_uncovered_no_raise(f, (int)to))
+            Py_RETURN_NONE;
+        if (deliver_here(s, to == from) < 0)
+            return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -414,10 +414,11 @@ done:
 
 /* -- Delivery steps ------------------------------------------------------------ */
 
-/* In the guarded thread, at a line boundary, with something pending: raise
- * it unless protected code is on the stack.  Returns -1 with the exception
+/* In the guarded thread, at a line boundary (or `back_edge`: at a loop's
+ * jump to itself), with something pending: raise it unless protected code
+ * is on the stack or the instruction is no safe place (tc_compat.h).  Returns -1 with the exception
  * set when it raised, else 0. */
-static int deliver_here(tc_slot *s)
+static int deliver_here(tc_slot *s, int back_edge)
 {
     PyObject *scope = s->pending_scope, *where = NULL, *exc;
     int64_t now;
@@ -426,7 +427,8 @@ static int deliver_here(tc_slot *s)
         return 0; /* the shield's exit delivers */
     PyFrameObject *cur = PyEval_GetFrame(); /* borrowed */
     PyThreadState *me = PyThreadState_Get();
-    if (cur == NULL || tc_at_with_exit(cur) || tc_in_with_enter_gap(cur))
+    if (cur == NULL || tc_at_with_exit(cur) || tc_in_with_enter_gap(cur) ||
+        (!back_edge && tc_uncovered_no_raise(cur, PyFrame_GetLasti(cur))))
         return 0; /* the next line boundary will do */
     if (tc_raising(me, g_interrupt) || tc_handling(me, g_interrupt))
         return 0; /* already on its way out; if swallowed, this one follows */

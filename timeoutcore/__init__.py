@@ -19,6 +19,7 @@ from ._engine import ENGINE
 from .blocking import acquire, bounded_wait, socket_timeout, wait_readable, wait_writable
 from .errors import DeadlineCancelled, DeadlineExceeded, SoftDeadlineExceeded
 from .patch import is_patched, patch, patched_targets, unpatch
+from .protect import protect_module, protected, protected_modules, unprotect_module
 from .scope import (
     DeadlineScope,
     checkpoint,
@@ -127,6 +128,9 @@ __all__ = [
     "metrics",
     "patch",
     "patched_targets",
+    "protect_module",
+    "protected",
+    "protected_modules",
     "remaining",
     "run",
     "set_default_result_log",
@@ -137,6 +141,7 @@ __all__ = [
     "thread_deadline",
     "thread_deadline_at",
     "unpatch",
+    "unprotect_module",
     "wait_readable",
     "wait_writable",
     "__version__",

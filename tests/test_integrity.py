@@ -1,0 +1,248 @@
+"""Deadline interrupts must not break the standard library's locks and invariants.
+
+The native core delivers a fired interrupt only at a line boundary outside protected code
+(csrc/tc_deliver.c, timeoutcore/protect.py). The hammer (tests/integrity_hammer.py) runs
+in a subprocess with a time limit, so a deadlock is a failure with stacks, not a hung
+suite; the targeted tests drive a deadline into one critical section each.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+import timeoutcore
+from timeoutcore import DeadlineExceeded
+
+pytestmark = pytest.mark.skipif(
+    timeoutcore.ENGINE != "native", reason="safe delivery is the native engine's"
+)
+
+HAMMER = Path(__file__).with_name("integrity_hammer.py")
+
+
+def _hammer(switch: str | None, seed: int) -> dict[str, Any]:
+    cmd = [sys.executable, str(HAMMER), "--tasks", "3000", "--seed", str(seed),
+           "--hang-after", "60"]
+    if switch is not None:
+        cmd += ["--switch", switch]
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    except subprocess.TimeoutExpired as exc:  # pragma: no cover - a deadlock
+        pytest.fail(f"hammer hung: {exc.stderr!r}"[-4000:])
+    assert p.returncode == 0, f"hammer exit {p.returncode} (3: deadlock)\n{p.stderr[-6000:]}"
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("switch", [None, "200e-6"], ids=["default-switch", "switch-200us"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_hammer_breaks_nothing(switch: str | None, seed: int) -> None:
+    result = _hammer(switch, seed)
+    counts = result["counts"]
+    assert result["broken"] == [], result
+    assert counts["other_errors"] == 0, result
+    assert counts["fired"] > 0, result
+    assert counts["inside"] / counts["fired"] >= 0.9, result
+
+
+# -- targeted: a deadline that passes while the body is blocked in protected code -------------
+
+
+def _held_by_other_thread(lock: Any, hold: float) -> threading.Thread:
+    """Hold ``lock`` from another thread for ``hold`` seconds; returns once it is held."""
+    taken = threading.Event()
+
+    def holder() -> None:
+        with lock:
+            taken.set()
+            time.sleep(hold)
+
+    t = threading.Thread(target=holder, daemon=True)
+    t.start()
+    assert taken.wait(5)
+    return t
+
+
+def _run_past_deadline(step: Callable[[], None], lock: Any) -> Any:
+    """Run ``step`` in a loop under a 20 ms deadline while another thread holds ``lock``
+    for 100 ms: the deadline passes while ``step`` is blocked in the lock's acquire."""
+    holder = _held_by_other_thread(lock, 0.1)
+    scope = timeoutcore.thread_deadline(0.02)
+    with pytest.raises(DeadlineExceeded):
+        with scope:
+            while True:
+                step()
+    holder.join(5)
+    return scope
+
+
+def _free(lock: Any) -> bool:
+    if lock.acquire(blocking=False):
+        lock.release()
+        return True
+    return False
+
+
+def test_interrupt_deferred_past_handler_acquire() -> None:
+    handler = logging.StreamHandler(open(os.devnull, "w"))  # noqa: SIM115
+    log = logging.getLogger("timeoutcore.test.integrity")
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    log.addHandler(handler)
+    try:
+        assert handler.lock is not None
+        scope = _run_past_deadline(lambda: log.info("x"), handler.lock)
+        assert _free(handler.lock)
+        assert scope.deferred > 0
+        assert "logging" in scope.deferred_where
+        assert scope.delivered_at is not None
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+
+
+def test_interrupt_deferred_past_condition_enter() -> None:
+    cond = threading.Condition()
+
+    def step() -> None:
+        with cond:
+            cond.notify_all()
+
+    scope = _run_past_deadline(step, cond)
+    assert _free(cond._lock)  # type: ignore[attr-defined]
+    # Condition.__enter__ runs no line after its lock is taken: the interrupt surfaces at
+    # the body's next line, inside the with, whose exit releases the lock.
+    assert scope.delivered_at is not None
+
+
+def test_interrupt_deferred_past_semaphore_condition() -> None:
+    """Semaphore.acquire blocks in its Condition's __enter__, then runs more lines of
+    threading with the condition's lock held: the interrupt waits for all of them."""
+    sem = threading.Semaphore(2)
+
+    def step() -> None:
+        with sem:
+            pass
+
+    scope = _run_past_deadline(step, sem._cond)  # type: ignore[attr-defined]
+    assert _free(sem._cond._lock)  # type: ignore[attr-defined]
+    assert sem._value == 2  # type: ignore[attr-defined]
+    assert scope.deferred > 0
+    assert "threading" in scope.deferred_where
+
+
+def test_interrupt_deferred_past_queue_put() -> None:
+    q: queue.Queue[int] = queue.Queue()
+
+    def step() -> None:
+        q.put(1)
+        q.get()
+        q.task_done()
+
+    scope = _run_past_deadline(step, q.mutex)
+    assert _free(q.mutex)
+    assert q.unfinished_tasks == q.qsize()
+    assert scope.deferred > 0
+    assert "queue" in scope.deferred_where
+
+
+def test_user_protected_function_defers() -> None:
+    finished = []
+
+    @timeoutcore.protected
+    def critical() -> None:
+        end = time.perf_counter() + 0.06
+        while time.perf_counter() < end:
+            pass
+        finished.append(True)
+
+    scope = timeoutcore.thread_deadline(0.01)
+    with pytest.raises(DeadlineExceeded):
+        with scope:
+            critical()
+            while True:
+                pass
+    assert finished == [True]
+    assert scope.deferred > 0.02
+    assert "critical" in scope.deferred_where
+
+
+def test_contended_with_lock_in_user_code_leaks_nothing() -> None:
+    """3.14 checks the eval breaker between ``__enter__`` and the block's handler
+    (gh-148874): an interrupt there would leave the lock held."""
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def contender() -> None:
+        while not stop.is_set():
+            with lock:
+                time.sleep(0.0002)
+
+    t = threading.Thread(target=contender, daemon=True)
+    t.start()
+    fired = 0
+    try:
+        for _ in range(200):
+            try:
+                with timeoutcore.thread_deadline(0.0003):
+                    n = 0
+                    while True:
+                        with lock:
+                            n += 1
+            except DeadlineExceeded:
+                fired += 1
+            assert _free_soon(lock)
+    finally:
+        stop.set()
+        t.join(5)
+    assert fired == 200
+    assert _free(lock)
+
+
+def _free_soon(lock: threading.Lock) -> bool:
+    """The contender may hold the lock for a moment; a leaked lock stays held."""
+    if lock.acquire(timeout=1):
+        lock.release()
+        return True
+    return False
+
+
+def test_with_pass_body_keeps_its_exit() -> None:
+    """The NOP of a ``pass`` that is a with's whole body lies outside the with's exception
+    range (3.11-3.14): an interrupt raised there would skip ``__exit__``."""
+    sem = threading.Semaphore(1)
+
+    def step() -> None:
+        with sem:
+            pass
+
+    for _ in range(50):
+        with pytest.raises(DeadlineExceeded):
+            with timeoutcore.thread_deadline(0.001):
+                while True:
+                    step()
+        assert sem._value == 1  # type: ignore[attr-defined]
+
+
+def test_self_jumping_loop_in_a_with_is_interrupted_inside_it() -> None:
+    lock = threading.Lock()
+    scope = timeoutcore.thread_deadline(0.01)
+    with pytest.raises(DeadlineExceeded):
+        with scope:
+            with lock:
+                while True:
+                    pass
+    assert _free(lock)
+    assert scope.delivered_at is not None
