@@ -80,9 +80,10 @@ def _run_past_deadline(step: Callable[[], None], lock: Any) -> Any:
     for 100 ms: the deadline passes while ``step`` is blocked in the lock's acquire."""
     holder = _held_by_other_thread(lock, 0.1)
     scope = timeoutcore.thread_deadline(0.02)
+    give_up = time.monotonic() + 5  # a failure, not a hung suite, if nothing is delivered
     with pytest.raises(DeadlineExceeded):
         with scope:
-            while True:
+            while time.monotonic() < give_up:
                 step()
     holder.join(5)
     return scope
