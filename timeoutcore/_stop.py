@@ -35,7 +35,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from ._engine import core
+from ._engine import core, engine_of
+from .errors import SoftDeadlineExceeded
 
 _current_deadline: Callable[[], Optional[float]] = core.current_deadline
 _monotonic = time.monotonic
@@ -45,7 +46,7 @@ class _Record:
     """What one thread's waits and its wakers share (see the module docstring)."""
 
     __slots__ = ("__weakref__", "fd", "gen", "ident", "listened", "lock", "soft",
-                 "soft_hit", "wait_gen", "wakers")
+                 "soft_claimed", "soft_hit", "wait_gen", "wakers")
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -54,6 +55,7 @@ class _Record:
         self.gen = 0  # bumped by every wake()
         self.wait_gen = 0  # the generation the current wait started from
         self.soft: dict[Any, float] = {}  # soft_raise scope -> its soft time (pending)
+        self.soft_claimed: set[Any] = set()  # scopes whose delivery is being attempted
         self.soft_hit: set[Any] = set()  # active scopes whose soft exception was delivered
         self.wakers: list[Callable[[], None]] = []
         self.listened = False
@@ -196,14 +198,46 @@ def remove_soft(scope: Any) -> None:
     rec = record()
     rec.soft.pop(scope, None)
     rec.soft_hit.discard(scope)
+    rec.soft_claimed.discard(scope)
 
 
-def soft_delivered(scope: Any) -> None:
-    """The soft timer raised ``scope``'s soft exception in its thread: wake its waits."""
+def deliver_soft(scope: Any) -> bool:
+    """Raise ``scope``'s soft exception in its thread, once, and wake its waits.
+
+    Called by the soft timer at the soft limit and by the guarded thread itself between two
+    steps of a wait (a wait whose steps are shielded would otherwise refuse it for as long
+    as it waits). True when it is delivered (now or before); False when the core refused
+    (the block is shielded): the soft timer tries again later."""
     rec = _records.get(scope.thread_ident)
+    if rec is None:
+        rec = record() if scope.thread_ident == threading.get_ident() else None
+    if rec is not None:
+        with rec.lock:
+            if scope in rec.soft_claimed:
+                return True
+            rec.soft_claimed.add(scope)
+    exc = SoftDeadlineExceeded if scope._soft_raise is True else scope._soft_raise
+    if not engine_of(scope)._raise_in_scope(scope, exc):
+        if rec is not None:
+            rec.soft_claimed.discard(scope)
+        return False
     if rec is not None:
         rec.soft_hit.add(scope)
     wake(scope.thread_ident)
+    return True
+
+
+def deliver_due() -> None:
+    """In the guarded thread, between two steps of a wait: deliver a soft exception whose
+    time has passed and that the soft timer has not delivered yet."""
+    owner: Optional[_Owner] = getattr(_local, "owner", None)
+    if owner is None or not owner.rec.soft:
+        return
+    rec = owner.rec
+    now = _monotonic()
+    for scope, when in list(rec.soft.items()):
+        if when <= now and scope not in rec.soft_claimed:
+            deliver_soft(scope)
 
 
 def soft_times(ident: int) -> list[float]:

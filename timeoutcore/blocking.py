@@ -52,6 +52,7 @@ _shield: Callable[[], Any] = core.wait_shield
 _monotonic = time.monotonic
 _stop_begin: Callable[[], None] = _stop.begin
 _stop_remaining: Callable[[], Optional[float]] = _stop.remaining
+_deliver_due: Callable[[], None] = _stop.deliver_due
 
 _ORIGINAL_ATTR = "__timeoutcore_original__"
 
@@ -111,6 +112,7 @@ def bounded_wait(step: Step[T], timeout: Optional[float]) -> T:
         if done:
             return value
         _checkpoint()
+        _deliver_due()  # a soft limit that passed during a shielded step: raise it here
         if end is not None:
             left = max(0.0, end - _monotonic())
             if last and left <= 0.0:  # ...unless a wake ended the step before it

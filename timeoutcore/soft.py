@@ -26,8 +26,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
 from . import _fork, _stop
-from ._engine import engine_of
-from .errors import SoftDeadlineExceeded
 
 log = logging.getLogger("timeoutcore")
 
@@ -80,9 +78,7 @@ class _SoftTimer:
         """Raise the soft exception in the block and wake its waits; while the block is
         shielded the core refuses, so try again shortly (0.5 ms, doubling up to 20 ms):
         a shielded section holds the soft limit back as it holds the hard one."""
-        exc = SoftDeadlineExceeded if scope._soft_raise is True else scope._soft_raise
-        if engine_of(scope)._raise_in_scope(scope, exc):
-            _stop.soft_delivered(scope)
+        if _stop.deliver_soft(scope):
             return
         delay = min(2 * getattr(scope, "_soft_retry", _RETRY_FIRST / 2), _RETRY_MAX)
         scope._soft_retry = delay
