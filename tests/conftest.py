@@ -148,3 +148,22 @@ def redis_url(tmp_path_factory: Any) -> Iterator[str]:
 
     with session_redis(lambda: tmp_path_factory.mktemp("redis")) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(tmp_path_factory: Any) -> Iterator[str]:
+    """A live PostgreSQL: $TIMEOUTCORE_TEST_POSTGRES_DSN, else a throw-away cluster started
+    for this session; skipped only where neither exists."""
+    from postgres_server import session_postgres
+
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    # Not under pytest's 0700 basetemp: the server runs as user postgres when we are root.
+    folder = Path(tempfile.mkdtemp(prefix="timeoutcore-pg-"))
+    try:
+        with session_postgres(lambda: folder) as dsn:
+            yield dsn
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

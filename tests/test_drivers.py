@@ -1,0 +1,108 @@
+"""Database drivers, for real: a blocked query stops at the trigger with interrupt_with."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import pytest
+
+import timeoutcore
+from timeoutcore import DeadlineCancelled, DeadlineExceeded, SoftDeadlineExceeded
+from timeoutcore.contrib.db import guard
+
+FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+
+def _in_worker(fn: Callable[[], Any]) -> Any:
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()
+
+
+def _stopped(conn: Any, query: Callable[[], Any], trigger: str) -> tuple[str, float]:
+    hard = 0.2 if trigger == "hard" else 4.0
+    extra: dict[str, Any] = {"soft_limit": 0.2, "soft_raise": True} if trigger == "soft" else {}
+    scope = timeoutcore.thread_deadline(hard, **extra)
+    timer = threading.Timer(0.2, scope.cancel) if trigger == "cancel" else None
+    start = time.monotonic()
+    outcome = "returned"
+    try:
+        with scope:
+            if timer is not None:
+                timer.start()
+            try:
+                with guard(conn):
+                    query()
+            except SoftDeadlineExceeded:  # it replaces the driver's own "cancelled" error
+                outcome = "soft"
+    except DeadlineCancelled:
+        outcome = "cancelled"
+    except DeadlineExceeded:
+        outcome = "hard"
+    return outcome, time.monotonic() - start - 0.2
+
+
+WANT = {"hard": "hard", "soft": "soft", "cancel": "cancelled"}
+
+
+@pytest.mark.parametrize("trigger", ["hard", "soft", "cancel"])
+def test_sqlite_query_stops(trigger: str) -> None:
+    def job() -> tuple[str, float, list[Any]]:
+        conn = sqlite3.connect(":memory:")
+        outcome, late = _stopped(conn, lambda: conn.execute(FOREVER).fetchall(), trigger)
+        return outcome, late, conn.execute("SELECT 1").fetchall()
+
+    outcome, late, after = _in_worker(job)
+    assert outcome == WANT[trigger]
+    assert late < 0.3, late  # ~ms; broken: the query runs for ever
+    assert after == [(1,)]
+
+
+def test_interrupt_with_is_not_called_after_exit() -> None:
+    calls: list[float] = []
+    with timeoutcore.thread_deadline(0.2):
+        with timeoutcore.interrupt_with(lambda: calls.append(time.monotonic())):
+            pass
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert calls == []
+
+
+def test_a_failing_fn_does_not_prevent_the_interrupt(caplog: Any) -> None:
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    def job() -> str:
+        try:
+            with timeoutcore.thread_deadline(0.1), timeoutcore.interrupt_with(boom):
+                timeoutcore.sleep(2)
+        except DeadlineExceeded:
+            return "hard"
+        return "returned"
+
+    assert _in_worker(job) == "hard"
+    assert "boom" in caplog.text
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg"])
+@pytest.mark.parametrize("trigger", ["hard", "soft", "cancel"])
+def test_postgres_query_stops(driver: str, trigger: str, postgres_dsn: str) -> None:
+    mod = pytest.importorskip(driver)
+
+    def job() -> tuple[str, float, Any]:
+        conn = mod.connect(postgres_dsn)
+        cur = conn.cursor()
+        outcome, late = _stopped(conn, lambda: cur.execute("SELECT pg_sleep(10)"), trigger)
+        conn.rollback()
+        cur.execute("SELECT 1")
+        row = cur.fetchone()
+        conn.close()
+        return outcome, late, row
+
+    outcome, late, row = _in_worker(job)
+    assert outcome == WANT[trigger]
+    assert late < 0.5, late  # ~100 ms budget, generous on a loaded machine; broken: 10 s
+    assert row[0] == 1
