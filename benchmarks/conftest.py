@@ -99,6 +99,7 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
 _TITLES = {
     "overshoot": "overshoot past a 50 ms deadline",
     "cancel": "DeadlineRegistry.cancel() to the job stopping",
+    "trigger": "trigger -> exception, worker, patch()",
     "throughput": "pools",
     "celery": "Celery integration",
 }
