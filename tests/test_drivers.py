@@ -72,18 +72,28 @@ def test_interrupt_with_is_not_called_after_exit() -> None:
 
 
 def test_a_failing_fn_does_not_prevent_the_interrupt(caplog: Any) -> None:
+    called = threading.Event()
+
     def boom() -> None:
+        called.set()
         raise RuntimeError("boom")
 
     def job() -> str:
         try:
             with timeoutcore.thread_deadline(0.1), timeoutcore.interrupt_with(boom):
-                timeoutcore.sleep(2)
+                # An unpatched Event.wait is a C lock wait the core's signal cannot end:
+                # only fn (which then fails) releases it, so fn surely runs before the
+                # block ends, and the deadline's interrupt must still surface after it.
+                called.wait(5)
         except DeadlineExceeded:
             return "hard"
         return "returned"
 
     assert _in_worker(job) == "hard"
+    # fn fails on the interrupter thread, which logs it just after: wait for the record.
+    end = time.monotonic() + 5
+    while "boom" not in caplog.text and time.monotonic() < end:
+        time.sleep(0.01)
     assert "boom" in caplog.text
 
 
