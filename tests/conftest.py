@@ -156,14 +156,5 @@ def postgres_dsn(tmp_path_factory: Any) -> Iterator[str]:
     for this session; skipped only where neither exists."""
     from postgres_server import session_postgres
 
-    import shutil
-    import tempfile
-    from pathlib import Path
-
-    # Not under pytest's 0700 basetemp: the server runs as user postgres when we are root.
-    folder = Path(tempfile.mkdtemp(prefix="timeoutcore-pg-"))
-    try:
-        with session_postgres(lambda: folder) as dsn:
-            yield dsn
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with session_postgres() as dsn:
+        yield dsn

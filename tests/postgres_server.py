@@ -13,9 +13,10 @@ import glob
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import pytest
 from redis_server import free_port
@@ -81,20 +82,26 @@ class PostgresServer:
 
 
 @contextlib.contextmanager
-def session_postgres(new_folder: Callable[[], Path]) -> Iterator[str]:
+def session_postgres() -> Iterator[str]:
     """The DSN of a live PostgreSQL: $TIMEOUTCORE_TEST_POSTGRES_DSN (it must answer), else
-    a throw-away cluster; skips only where neither exists."""
+    a throw-away cluster in a temporary folder (removed afterwards); skips only where
+    neither exists."""
     dsn = os.environ.get(ENV)
     if dsn:
         if not answers(dsn):
             pytest.fail(f"{ENV}={dsn} does not answer")
         yield dsn
         return
+    # Not under pytest's 0700 basetemp: the server runs as user postgres when we are root.
+    folder = Path(tempfile.mkdtemp(prefix="timeoutcore-pg-"))
     try:
-        server = PostgresServer(new_folder()).start()
-    except FileNotFoundError:
-        pytest.skip(f"no PostgreSQL: install postgresql or set {ENV}")
-    try:
-        yield server.dsn
+        try:
+            server = PostgresServer(folder).start()
+        except FileNotFoundError:
+            pytest.skip(f"no PostgreSQL: install postgresql or set {ENV}")
+        try:
+            yield server.dsn
+        finally:
+            server.stop()
     finally:
-        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
