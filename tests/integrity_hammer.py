@@ -1,0 +1,205 @@
+"""The integrity hammer: many short deadlines over code that uses the standard library's
+locks, conditions, queues, futures and logging on objects shared by every worker.
+
+Run as a program (``python tests/integrity_hammer.py --tasks 3000 --switch 200e-6``) it
+prints one JSON line: what fired, where it was delivered, and every broken invariant it
+found afterwards; a deadlock ends, after ``--hang-after`` seconds, with every thread's
+stack and exit status 1. Not collected by pytest: it is the measurement behind the README's
+"Known limits" entry on the standard library's critical sections, and the acceptance test
+for the safe-delivery work that will make it pass.
+
+A deadline that lands inside ``logging.Handler.acquire`` right after the lock was taken,
+in ``Condition.__enter__``, ``Queue`` accounting or ``Future.set_result`` leaves a lock
+held or an invariant half-done; this workload goes through each of them all the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import faulthandler
+import io
+import json
+import logging
+import queue
+import random
+import sys
+import threading
+import time
+from typing import Any
+
+import timeoutcore
+from timeoutcore import DeadlineExceeded
+from timeoutcore.errors import _DeadlineInterrupt
+
+
+class Shared:
+    """Objects every worker uses at once."""
+
+    def __init__(self) -> None:
+        self.stream = io.StringIO()
+        self.handler = logging.StreamHandler(self.stream)
+        self.handler.setFormatter(logging.Formatter("%(threadName)s %(message)s"))
+        self.log = logging.getLogger("hammer")
+        self.log.propagate = False
+        self.log.setLevel(logging.INFO)
+        self.log.addHandler(self.handler)
+        self.q: queue.Queue[int] = queue.Queue(maxsize=32)
+        self.cond = threading.Condition()
+        self.event = threading.Event()
+        self.lock = threading.Lock()
+        self.rlock = threading.RLock()
+        self.sem = threading.Semaphore(3)
+        self.bsem = threading.BoundedSemaphore(2)
+        self.counter = 0
+
+
+def spin(seconds: float) -> None:
+    """Plain user code: a CPU loop (its own frame: see cpython#130279)."""
+    end = time.perf_counter() + seconds
+    n = 0
+    for _ in iter(int, 1):
+        n += 1
+        if time.perf_counter() > end:
+            return
+
+
+def body(s: Shared, rnd: random.Random, i: int) -> None:
+    for step in range(rnd.randint(3, 12)):
+        kind = rnd.randrange(10)
+        if kind == 0:
+            s.log.info("task %d step %d", i, step)
+        elif kind == 1:
+            try:
+                s.q.put_nowait(i)
+            except queue.Full:
+                pass
+            try:
+                s.q.get_nowait()
+                s.q.task_done()
+            except queue.Empty:
+                pass
+        elif kind == 2:
+            with s.cond:
+                s.counter += 1
+                s.cond.notify_all()
+        elif kind == 3:
+            with s.sem:
+                s.log.info("in semaphore %d", i)
+        elif kind == 4:
+            fut: cf.Future[int] = cf.Future()
+            fut.add_done_callback(lambda f: None)
+            fut.set_result(i)
+            fut.result()
+        elif kind == 5:
+            logging.getLogger(f"hammer.child{i % 7}").setLevel(logging.INFO)
+        elif kind == 6:
+            s.event.set()
+            s.event.wait(0)
+            s.event.clear()
+        elif kind == 7:
+            with s.rlock:
+                with s.bsem:
+                    s.log.info("nested %d", i)
+        elif kind == 8:
+            with s.lock:
+                s.counter += 1
+        else:
+            spin(rnd.uniform(20e-6, 200e-6))
+
+
+def run(tasks: int, workers: int, switch: float | None, seed: int) -> dict[str, Any]:
+    if switch is not None:
+        sys.setswitchinterval(switch)
+    s = Shared()
+    counts = {"fired": 0, "inside": 0, "at_exit": 0, "completed": 0, "other_errors": 0}
+    counts_lock = threading.Lock()
+    errors: list[str] = []
+
+    def task(i: int) -> None:
+        rnd = random.Random(seed * 1_000_003 + i)
+        outcome = "completed"
+        try:
+            with timeoutcore.thread_deadline(rnd.uniform(50e-6, 500e-6)):
+                body(s, rnd, i)
+        except DeadlineExceeded as exc:
+            # Delivered inside the body: the scope's exit saw the internal interrupt.
+            outcome = "inside" if isinstance(exc.__context__, _DeadlineInterrupt) else "at_exit"
+        except Exception as exc:  # noqa: BLE001 - reported as a broken invariant
+            outcome = "other_errors"
+            errors.append(f"task {i}: {type(exc).__name__}: {exc}")
+        with counts_lock:
+            counts[outcome] += 1
+            if outcome in ("inside", "at_exit"):
+                counts["fired"] += 1
+
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(workers) as pool:
+        for f in [pool.submit(task, i) for i in range(tasks)]:
+            f.result(timeout=60)
+    elapsed = time.monotonic() - t0
+    return {"counts": counts, "broken": errors[:20] + check(s), "elapsed": round(elapsed, 3)}
+
+
+def _free(lock: Any) -> bool:
+    """True if nobody holds ``lock`` (taken and given back from this thread)."""
+    if lock.acquire(blocking=False):
+        lock.release()
+        return True
+    return False
+
+
+def check(s: Shared) -> list[str]:
+    broken = []
+    for name, lock in [
+        ("logging handler lock", s.handler.lock),
+        ("logging module lock", getattr(logging, "_lock", None)),
+        ("queue mutex", s.q.mutex),
+        ("condition lock", s.cond._lock),  # type: ignore[attr-defined]
+        ("lock", s.lock),
+        ("rlock", s.rlock),
+        ("semaphore's condition", s.sem._cond._lock),  # type: ignore[attr-defined]
+        ("event's condition", s.event._cond._lock),  # type: ignore[attr-defined]
+    ]:
+        if lock is not None and not _free(lock):
+            broken.append(f"{name} left held")
+    if s.sem._value != 3:  # type: ignore[attr-defined]
+        broken.append(f"semaphore value {s.sem._value} != 3")  # type: ignore[attr-defined]
+    if s.bsem._value != 2:  # type: ignore[attr-defined]
+        broken.append(f"bounded semaphore value {s.bsem._value} != 2")  # type: ignore[attr-defined]
+    if s.q.unfinished_tasks < s.q.qsize():
+        broken.append(f"queue unfinished_tasks {s.q.unfinished_tasks} < qsize {s.q.qsize()}")
+    # The main thread must still be able to log, and logging's module lock must work.
+    done = threading.Event()
+
+    def log_once() -> None:
+        s.log.warning("main thread still logs")
+        logging.getLogger("hammer.after").setLevel(logging.DEBUG)
+        done.set()
+
+    t = threading.Thread(target=log_once, daemon=True)
+    t.start()
+    if not done.wait(5):
+        broken.append("logging hangs after the run")
+    return broken
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--tasks", type=int, default=3000)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--switch", type=float, default=None, help="sys.setswitchinterval()")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--hang-after", type=float, default=100.0,
+                   help="dump every thread's stack and exit (status 1) after this many "
+                   "seconds")
+    a = p.parse_args()
+    faulthandler.dump_traceback_later(a.hang_after, exit=True)
+    result = run(a.tasks, a.workers, a.switch, a.seed)
+    faulthandler.cancel_dump_traceback_later()
+    result.update(python=sys.version.split()[0], switch=sys.getswitchinterval(), seed=a.seed)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
