@@ -74,12 +74,13 @@ class _Owner:
         records = _records
         if records is not None:  # None at interpreter shutdown
             records.pop(rec.ident, None)
-        if rec.fd >= 0:
-            try:
-                _close(rec.fd)
-            except OSError:
-                pass
-            rec.fd = -1
+        with rec.lock:  # never while wake() writes to it: the number could be reused
+            if rec.fd >= 0:
+                try:
+                    _close(rec.fd)
+                except OSError:
+                    pass
+                rec.fd = -1
 
 
 _records: dict[int, _Record] = {}
@@ -139,7 +140,9 @@ def wake_fd() -> int:
     """This thread's eventfd: readable after a :func:`wake` (drained by :func:`begin`)."""
     rec = record()
     if rec.fd < 0:
-        rec.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        with rec.lock:
+            rec.fd = fd
     return rec.fd
 
 
@@ -172,12 +175,13 @@ def wake(ident: Optional[int]) -> None:
         with rec.lock:
             rec.gen += 1
             wakers = list(rec.wakers)
-            fd = rec.fd
-        if fd >= 0:
-            try:
-                os.eventfd_write(fd, 1)
-            except OSError:  # closed by a thread that just ended
-                pass
+            # Under the lock: the owner closes the fd under it too, so this never writes
+            # into a descriptor number the process has since reused for something else.
+            if rec.fd >= 0:
+                try:
+                    os.eventfd_write(rec.fd, 1)
+                except OSError:
+                    pass
         for fn in wakers:
             fn()
     if ident is not None:
