@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import pytest
+from conftest import run_under_trigger
 
 import timeoutcore
-from timeoutcore import DeadlineCancelled, DeadlineExceeded, SoftDeadlineExceeded
+from timeoutcore import DeadlineExceeded
 from timeoutcore.contrib.db import guard
 
 FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
@@ -23,26 +24,15 @@ def _in_worker(fn: Callable[[], Any]) -> Any:
 
 
 def _stopped(conn: Any, query: Callable[[], Any], trigger: str) -> tuple[str, float]:
-    hard = 0.2 if trigger == "hard" else 4.0
-    extra: dict[str, Any] = {"soft_limit": 0.2, "soft_raise": True} if trigger == "soft" else {}
-    scope = timeoutcore.thread_deadline(hard, **extra)
-    timer = threading.Timer(0.2, scope.cancel) if trigger == "cancel" else None
-    start = time.monotonic()
-    outcome = "returned"
-    try:
-        with scope:
-            if timer is not None:
-                timer.start()
-            try:
-                with guard(conn):
-                    query()
-            except SoftDeadlineExceeded:  # it replaces the driver's own "cancelled" error
-                outcome = "soft"
-    except DeadlineCancelled:
-        outcome = "cancelled"
-    except DeadlineExceeded:
-        outcome = "hard"
-    return outcome, time.monotonic() - start - 0.2
+    """(how the block ended, seconds late) for ``query`` under ``guard(conn)``; a soft
+    exception replaces the driver's own "cancelled" error when leaving ``guard``."""
+
+    def body() -> None:
+        with guard(conn):
+            query()
+
+    outcome, elapsed = run_under_trigger(trigger, body, 0.2)
+    return outcome, elapsed - 0.2
 
 
 WANT = {"hard": "hard", "soft": "soft", "cancel": "cancelled"}

@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import pytest
+from conftest import run_under_trigger
 
 import timeoutcore
-from timeoutcore import DeadlineCancelled, DeadlineExceeded, SoftDeadlineExceeded
 
 TRIGGER_AT = 0.3  # s after entry
 LATE = 0.8  # s: where "reschedule later" moves the deadline
@@ -152,37 +152,8 @@ TRIGGERS = ["hard", "soft", "cancel", "earlier", "later"]
 
 def _guarded(trigger: str, wait: Callable[[Kind], None], k: Kind) -> tuple[str, float, float]:
     """Run ``wait`` under the trigger on this (worker) thread: (outcome, elapsed, expected)."""
-    hard = TRIGGER_AT if trigger in ("hard", "later") else 4.0
-    extra: dict[str, Any] = {}
-    if trigger == "soft":
-        extra = {"soft_limit": TRIGGER_AT, "soft_raise": True}
-    scope = timeoutcore.thread_deadline(hard, **extra)
-    expected = LATE if trigger == "later" else TRIGGER_AT
-    start = time.monotonic()
-    timer = None
-    if trigger == "cancel":
-        timer = threading.Timer(TRIGGER_AT, scope.cancel)
-    elif trigger == "earlier":
-        timer = threading.Timer(0.1, lambda: scope.reschedule(start + TRIGGER_AT))
-    elif trigger == "later":
-        timer = threading.Timer(0.1, lambda: scope.reschedule(start + LATE))
-    outcome = "returned"
-    try:
-        with scope:
-            if timer is not None:
-                timer.start()
-            try:
-                wait(k)
-            except SoftDeadlineExceeded:
-                outcome = "soft"
-    except DeadlineCancelled:
-        outcome = "cancelled"
-    except DeadlineExceeded:
-        outcome = "hard"
-    finally:
-        if timer is not None:
-            timer.cancel()
-    return outcome, time.monotonic() - start, expected
+    outcome, elapsed = run_under_trigger(trigger, lambda: wait(k), TRIGGER_AT, later=LATE)
+    return outcome, elapsed, LATE if trigger == "later" else TRIGGER_AT
 
 
 @pytest.mark.parametrize("trigger", TRIGGERS)
