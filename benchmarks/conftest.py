@@ -99,6 +99,7 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
 _TITLES = {
     "overshoot": "overshoot past a 50 ms deadline",
     "cancel": "DeadlineRegistry.cancel() to the job stopping",
+    "trigger": "trigger -> exception, worker, patch()",
     "throughput": "pools",
     "celery": "Celery integration",
 }
@@ -209,3 +210,16 @@ def redis_url(tmp_path_factory: Any) -> Iterator[str]:
         sys.path.pop(0)
     with session_redis(lambda: tmp_path_factory.mktemp("redis")) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn(tmp_path_factory: Any) -> Iterator[str]:
+    """The tests' PostgreSQL: TIMEOUTCORE_TEST_POSTGRES_DSN, else a throw-away cluster
+    started for this session; the driver benchmarks are skipped where neither exists."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    try:
+        from postgres_server import session_postgres
+    finally:
+        sys.path.pop(0)
+    with session_postgres() as dsn:
+        yield dsn

@@ -133,10 +133,11 @@ static void wd_sweep(int64_t now)
 static void refresh_switch_interval(void)
 {
     /* sys from sys.modules, not an import: no import lock for the watchdog. */
+    static PyObject *name; /* interned once, kept: GIL held */
     double v = 0.0;
-    PyObject *name = PyUnicode_InternFromString("sys");
+    if (name == NULL)
+        name = PyUnicode_InternFromString("sys");
     PyObject *mod = name != NULL ? PyImport_GetModule(name) : NULL;
-    Py_XDECREF(name);
     if (mod != NULL) {
         PyObject *r = PyObject_CallMethod(mod, "getswitchinterval", NULL);
         Py_DECREF(mod);

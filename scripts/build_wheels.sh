@@ -181,11 +181,13 @@ sdist_check() {
     echo "  built: $name"
     tar -tzf "$sd" | sed -n 's|^[^/]*/||p' | grep -v -e '/$' -e '^$' | sort >"$d/contents.txt"
     sed 's/^/  | /' "$d/contents.txt"
-    # Required files, and every C source/header and test file of the work tree.
+    # Required files, and every C source/header, test file and benchmark of the work tree.
     for f in setup.py pyproject.toml README.md MANIFEST.in timeoutcore/py.typed \
         timeoutcore/_ffi_build.py \
-        $(cd "$d/src" && find csrc tests -type f \( -name '*.c' -o -name '*.h' -o -path 'tests/*' \) \
-            ! -name '*.py[cod]' ! -path '*/__pycache__/*' | sort); do
+        $(cd "$d/src" && find csrc tests benchmarks -type f \( -name '*.c' -o -name '*.h' \
+            -o -path 'tests/*' -o -path 'benchmarks/*.py' \) \
+            ! -name '*.py[cod]' ! -path '*/__pycache__/*' ! -path 'benchmarks/.results/*' \
+            | sort); do
         grep -qxF "$f" "$d/contents.txt" || problems+=("missing $f")
     done
     grep -q '^tests/' "$d/contents.txt" || problems+=("no tests/ at all")

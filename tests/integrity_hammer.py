@@ -189,7 +189,8 @@ def main() -> None:
     p.add_argument("--switch", type=float, default=None, help="sys.setswitchinterval()")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--hang-after", type=float, default=100.0,
-                   help="dump every thread's stack and exit 3 after this many seconds")
+                   help="dump every thread's stack and exit (status 1) after this many "
+                   "seconds")
     a = p.parse_args()
     faulthandler.dump_traceback_later(a.hang_after, exit=True)
     result = run(a.tasks, a.workers, a.switch, a.seed)

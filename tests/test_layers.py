@@ -108,7 +108,7 @@ def test_the_package_has_no_import_cycles() -> None:
 def test_lower_layers_do_not_import_the_features() -> None:
     graph = import_graph()
     core = ["_validate", "_fork", "errors", "_engine_api", "_fallback", "_native", "_engine",
-            "_status", "_hooks", "scope", "blocking", "_process_tree", "patch", "_patch_socket",
+            "_status", "_stop", "_hooks", "scope", "blocking", "_process_tree", "patch", "_patch_socket",
             "_patch_subprocess"]
     features = {"soft", "results", "policy", "metrics", "executor", "subprocess", "cli",
                 "bench", "contrib", "contrib.celery", "contrib.redis"}

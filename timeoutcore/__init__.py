@@ -35,6 +35,7 @@ from .scope import (
 if TYPE_CHECKING:
     from . import metrics
     from .executor import DeadlineExecutor
+    from .interrupt import interrupt_with
     from .metrics import Metrics
     from .policy import DeadlinePolicy, PolicyTable, set_policy_table
     from .results import DeadlineResult, ResultLog
@@ -47,6 +48,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "metrics": (".metrics", ""),
     "Metrics": (".metrics", "Metrics"),
     "DeadlineExecutor": (".executor", "DeadlineExecutor"),
+    "interrupt_with": (".interrupt", "interrupt_with"),
     "DeadlinePolicy": (".policy", "DeadlinePolicy"),
     "PolicyTable": (".policy", "PolicyTable"),
     "set_policy_table": (".policy", "set_policy_table"),
@@ -124,6 +126,7 @@ __all__ = [
     "checkpoint",
     "current_deadline",
     "current_scope",
+    "interrupt_with",
     "is_patched",
     "metrics",
     "patch",

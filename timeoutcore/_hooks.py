@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from . import _stop
 from ._engine import core
 from ._status import status_of
 
@@ -74,10 +75,15 @@ def dispatch(scope: Any, event: str, exc: Any) -> None:
     if event == "enter":
         soft = getattr(scope, "_soft", None)
         if soft is not None:
-            features.soft_register(scope, time.monotonic() + soft)
+            when = time.monotonic() + soft
+            if scope._soft_raise:  # a stop time for this thread's waits (timeoutcore._stop)
+                _stop.add_soft(scope, when)
+            features.soft_register(scope, when)
         if observer is not None:
             _notify(observer.on_enter, scope)
         return
+    if getattr(scope, "_soft_raise", False):
+        _stop.remove_soft(scope)
     if scope.expired():
         _run_cleanups(scope)
     if observer is not None:

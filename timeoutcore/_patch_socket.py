@@ -34,6 +34,7 @@ from .blocking import (
     _poll_step,
     _remaining,
     _shield,
+    _stop_remaining,
     bounded_wait,
     original,
 )
@@ -92,7 +93,7 @@ def sock_io(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
     the deadline (``socket.timeout`` at the socket's own timeout), then make the call.
     """
     timeout = sock.gettimeout()
-    rem = _remaining()
+    rem = _stop_remaining()
     if rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem):
         return orig(sock, *args, **kwargs)
     if sock.fileno() < 0 or not _DONTWAIT:
@@ -130,7 +131,7 @@ def sock_send(sock: Any, orig_send: Callable[..., Any], args: tuple[Any, ...],
     blocking ``send``; ``sendall`` keeps its total-time meaning of a socket timeout.
     """
     timeout = sock.gettimeout()
-    rem = _remaining()
+    rem = _stop_remaining()
     if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
             or sock.fileno() < 0 or not _DONTWAIT or kwargs or not 1 <= len(args) <= 2
             or (len(args) == 2 and not _is_flags(args[1]))):
@@ -169,7 +170,7 @@ def sock_accept(sock: Any, orig: Callable[[Any], Any]) -> Any:
     """``socket._accept()`` inside a scope: wait until a connection is pending or the
     deadline, then accept (see the README: a lost race with another acceptor blocks)."""
     timeout = sock.gettimeout()
-    rem = _remaining()
+    rem = _stop_remaining()
     if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
             or sock.fileno() < 0):
         return orig(sock)
@@ -185,7 +186,7 @@ def sock_connect(sock: Any, orig: Callable[[Any, Any], Any], address: Any, ex: b
     restored) -- the one patched socket call that changes the socket's state while it runs.
     """
     timeout = sock.gettimeout()
-    rem = _remaining()
+    rem = _stop_remaining()
     if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
             or sock.fileno() < 0):
         return orig(sock, address)
@@ -235,7 +236,7 @@ def ssl_call(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
     changing the timeout for the call is safe there.
     """
     timeout = sock.gettimeout()
-    rem = _remaining()
+    rem = _stop_remaining()
     if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
             or sock.fileno() < 0 or getattr(sock, "_sslobj", None) is None):
         return orig(sock, *args, **kwargs)
@@ -243,13 +244,21 @@ def ssl_call(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
         return orig(sock, *args, **kwargs)  # decrypted data waiting: returns at once
     end = None if timeout is None else _monotonic() + timeout
     while True:
-        rem = _remaining()
+        rem = _stop_remaining()
         left = None if end is None else end - _monotonic()
         if rem is None or (left is not None and left <= rem):
             return orig(sock, *args, **kwargs)  # the socket's own timeout ends it first
         if rem <= 0.0:
             _checkpoint()  # raises, unless shielded: then the original, unchanged
             return orig(sock, *args, **kwargs)
+        if reading and not sock.pending():
+            # Wait for the peer where a wake-up can reach the wait (a cancel, a reschedule);
+            # OpenSSL then reads the record that arrived.
+            _sock_wait(sock, _POLLIN, end)
+            rem = _stop_remaining()
+            if rem is None or rem <= 0.0:
+                _checkpoint()
+                return orig(sock, *args, **kwargs)
         timed_out = False
         with _shield():
             sock.settimeout(rem)

@@ -4,14 +4,25 @@ Imported by ``timeoutcore.patch`` when ``patch()`` runs. A child started inside 
 gets a session and process group of its own and is *scope-owned*: when the deadline
 interrupts ``wait``/``communicate`` (and so ``subprocess.run``/``call``/``check_output``),
 its group is killed and it is reaped before the interrupt goes on.
+
+These waits are not cleanups, so none of them is shielded: they end at the thread's stop
+time (hard deadline, ``soft_raise`` soft limit, ``reschedule``, ``cancel``; see
+``timeoutcore._stop``) like every other wait. ``wait`` polls a pidfd of the child together
+with the thread's wake-up eventfd; ``communicate`` is the stdlib's own, whose inner waits
+(a patched selector, the patched ``wait``) are woken the same way. A wait that ends for a
+stop -- the deadline's interrupt, or a soft exception -- kills the child's group and session
+and reaps it before the exception goes on.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import subprocess
 from typing import Any, Callable, Optional, Tuple
 
-from .blocking import Make, _is_number, _remaining, _shield, bounded_wait
+from . import _stop
+from .blocking import Make, _is_number, _poll_step, _remaining, _shield, bounded_wait, original
 from ._process_tree import kill_and_reap
 from .errors import _DeadlineInterrupt
 
@@ -43,32 +54,51 @@ def _abandon(proc: Any) -> None:
         kill_and_reap(proc, group=owned == "group")
 
 
+def _pidfd(pid: int) -> int:
+    try:
+        return int(os.pidfd_open(pid))  # type: ignore[attr-defined,unused-ignore]
+    except (AttributeError, OSError):  # no pidfd (old kernel), or already reaped
+        return -1
+
+
 def _make_popen_wait(orig: Callable[..., Any]) -> Callable[..., Any]:
     def wait(self: Any, timeout: Optional[float] = None) -> Any:
         if (_remaining() is None or self.returncode is not None
                 or not (timeout is None or _is_number(timeout))):
             return orig(self, timeout)
+        fd = _pidfd(self.pid)
+        if fd < 0:
+            return orig(self, timeout)
+        try:
+            poller = original(select.poll)()
+            poller.register(fd, select.POLLIN)
+            ready = _poll_step(poller)
 
-        def step(t: Optional[float]) -> Tuple[bool, Any]:
-            with _shield():
-                try:
-                    return True, orig(self, t)
-                except subprocess.TimeoutExpired as exc:
-                    return False, exc
+            def step(t: Optional[float]) -> Tuple[bool, Any]:
+                if not ready(t)[0]:
+                    return False, subprocess.TimeoutExpired(self.args, 0.0)  # timeout: set below
+                with _shield():  # it has exited: this only reaps it (no waiting)
+                    try:
+                        return True, orig(self, 0)
+                    except subprocess.TimeoutExpired as exc:  # another thread reaps it
+                        return False, exc
 
-        return _owned_wait(self, step, timeout)
+            return _owned_wait(self, step, timeout)
+        finally:
+            os.close(fd)
 
     return wait
 
 
 def _owned_wait(proc: Any, step: Callable[[Optional[float]], Tuple[bool, Any]],
                 timeout: Optional[float]) -> Any:
-    """Run a Popen wait in deadline-bounded steps; if the deadline interrupts it, kill and
-    reap the scope-owned child before the interrupt goes on."""
+    """Run a Popen wait in stop-bounded steps; if a stop ends it (the deadline's interrupt,
+    a soft exception), kill and reap the scope-owned child before the exception goes on."""
     try:
         result = bounded_wait(step, timeout)
-    except _DeadlineInterrupt:
-        _abandon(proc)
+    except BaseException as exc:
+        if isinstance(exc, _DeadlineInterrupt) or _stop.stopping():
+            _abandon(proc)
         raise
     if isinstance(result, subprocess.TimeoutExpired):
         result.timeout = timeout  # type: ignore[assignment]
@@ -85,11 +115,10 @@ def _make_communicate(orig: Callable[..., Any]) -> Callable[..., Any]:
         def step(t: Optional[float]) -> Tuple[bool, Any]:
             data = None if sent[0] else input  # a retried communicate() must not resend
             sent[0] = True
-            with _shield():
-                try:
-                    return True, orig(self, data, t)
-                except subprocess.TimeoutExpired as exc:
-                    return False, exc
+            try:  # not shielded: its inner waits (patched) end at the stop themselves
+                return True, orig(self, data, t)
+            except subprocess.TimeoutExpired as exc:
+                return False, exc
 
         return _owned_wait(self, step, timeout)
 

@@ -8,7 +8,11 @@ by the one technique that needs no help from CPython: a wait with its own timeou
 recomputes the time left after the core's signal, so it ends promptly), then
 ``checkpoint()`` raises the scope's interrupt right there.
 
-Outside any deadline scope every function here behaves like the plain wait it wraps.
+Every wait here ends at the thread's *stop time* (``timeoutcore._stop``: the hard deadline,
+a pending ``soft_raise`` soft limit, an earlier ``reschedule()`` or a ``cancel()``), and is
+woken when that time changes while it waits (poll-based waits watch the thread's wake-up
+eventfd). Outside any deadline scope every function here behaves like the plain wait it
+wraps.
 Inside ``shield()`` the deadline is held back: the waits run to their own timeout.
 
 :func:`bounded_wait` is the building block (any wait that takes a timeout); the others are
@@ -22,7 +26,7 @@ import select
 import time
 from typing import Any, Callable, Optional, Tuple, TypeVar, Union
 
-from . import _validate
+from . import _stop, _validate
 from ._engine import core
 
 __all__ = [
@@ -46,6 +50,9 @@ _checkpoint: Callable[[], None] = core.checkpoint
 # Condition.wait re-acquires, a socket timeout to restore): the engine says what is safe.
 _shield: Callable[[], Any] = core.wait_shield
 _monotonic = time.monotonic
+_stop_begin: Callable[[], None] = _stop.begin
+_stop_remaining: Callable[[], Optional[float]] = _stop.remaining
+_deliver_due: Callable[[], None] = _stop.deliver_due
 
 _ORIGINAL_ATTR = "__timeoutcore_original__"
 
@@ -93,18 +100,23 @@ def bounded_wait(step: Step[T], timeout: Optional[float]) -> T:
     end = None if timeout is None else _monotonic() + timeout
     left = timeout
     while True:
-        rem = _remaining()
-        if rem is None or (left is not None and left <= rem):
+        _stop_begin()  # before the stop time is read: a later change wakes the step
+        rem = _stop_remaining()
+        if rem is None:
             return step(left)[1]
         if rem <= 0.0:
             _checkpoint()  # raises, unless interrupts are held back by shield()
             return step(left)[1]
-        done, value = step(rem)
+        last = left is not None and left <= rem  # the caller's timeout ends first...
+        done, value = step(left if last else rem)
         if done:
             return value
         _checkpoint()
+        _deliver_due()  # a soft limit that passed during a shielded step: raise it here
         if end is not None:
             left = max(0.0, end - _monotonic())
+            if last and left <= 0.0:  # ...unless a wake ended the step before it
+                return value
 
 
 def _fileno(fd: Any) -> int:
@@ -123,17 +135,27 @@ def _fileno(fd: Any) -> int:
 
 
 def _poll_step(poller: Any) -> Step[bool]:
+    """A step that polls ``poller`` and, inside a scope, this thread's wake-up eventfd (a
+    wake alone ends the step as not done: ``bounded_wait`` re-reads the stop time)."""
+    wake = _stop.wake_fd() if _remaining() is not None else -1
+    if wake >= 0:
+        poller.register(wake, _POLLIN)
+
+    def ready_of(events: Any) -> bool:
+        return any(fd != wake for fd, _ in events)
+
     def step(t: Optional[float]) -> Tuple[bool, bool]:
         if t is None:
-            ready = bool(poller.poll())
+            ready = ready_of(poller.poll())
             return ready, ready
         t = max(t, 0.0)
         # Long timeouts: slices, each ending on the same absolute time.
         end = _monotonic() + t
         for _ in range(1 + int(t // _MAX_POLL_S)):
-            ready = bool(poller.poll(min(t, _MAX_POLL_S) * 1000.0))
+            events = poller.poll(min(t, _MAX_POLL_S) * 1000.0)
+            ready = ready_of(events)
             t = end - _monotonic()
-            if ready or t <= 0:
+            if events or t <= 0:
                 break
         return ready, ready
 

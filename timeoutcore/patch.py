@@ -26,8 +26,13 @@ Inside a scope (see the README's "What can be interrupted"):
   (and so ``subprocess.run``/``call``/``check_output``), its group is killed and it is
   reaped before the interrupt goes on.
 
-Every wait runs with ``min(timeout, remaining())``; when it ends for the deadline,
-``checkpoint()`` raises the scope's interrupt right there. Python-level originals with their
+Every wait runs with ``min(timeout, time to the stop)`` and is woken when the stop time
+changes (``timeoutcore._stop``: the hard deadline, a ``soft_raise`` soft limit, an earlier
+``reschedule()``, a ``cancel()``): select, poll and selector waits also watch the thread's
+wake-up eventfd, ``Condition.wait`` waits on a waiter the wake can release, and
+``Thread.join`` (a lock only its thread's end releases) re-reads the stop time every 2 ms.
+When the wait ends for the deadline, ``checkpoint()`` raises the scope's interrupt right
+there. Python-level originals with their
 own state (``Condition.wait``, ``Thread.join``, ``Popen.wait``/``communicate``) run under
 ``shield()`` (native engine), so the interrupt never lands half-way through their
 bookkeeping. The patches work with the fallback engine too (it has no signal at all, so
@@ -50,6 +55,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, Tuple
 
+from . import _stop
 from ._engine import core
 from .blocking import _ORIGINAL_ATTR, Make, _is_number, _remaining, _shield, bounded_wait
 
@@ -63,6 +69,9 @@ _core_sleep: Callable[[float], None] = core.sleep
 NATIVE_INTERRUPTS = core.INTERRUPTS_RETRIED_CALLS
 
 _MISSING = object()
+_JOIN_SLICE = 0.002  # s
+_POLLIN = 1  # select.POLLIN (and EPOLLIN)
+_allocate_lock = threading.Lock
 
 # (owner, attribute name) -> the value before patch(), or _MISSING (it was inherited).
 _saved: dict[tuple[Any, str], Any] = {}
@@ -121,9 +130,13 @@ def _scoped_select(orig: Callable[..., Any], args: Tuple[Any, ...],
     except TypeError:
         return orig(*args)
 
+    wake = _stop.wake_fd()
+    watched = rlist + [wake]
+
     def step(t: Optional[float]) -> Tuple[bool, Any]:
-        result = orig(rlist, wlist, xlist, t)
-        return bool(result[0] or result[1] or result[2]), result
+        r, w, x = orig(watched, wlist, xlist, t)
+        result = ([fd for fd in r if fd is not wake], w, x)
+        return bool(result[0] or w or x), result
 
     return bounded_wait(step, timeout)
 
@@ -144,11 +157,16 @@ class _Poll:
     def poll(self, *args: Any, **kwargs: Any) -> Any:
         if _remaining() is None:
             return self._poll.poll(*args, **kwargs)
-        return _scoped_poll(self._poll.poll, args, kwargs)
+        wake = _stop.wake_fd()
+        self._poll.register(wake, _POLLIN)  # for this call only: the caller never sees it
+        try:
+            return _scoped_poll(self._poll.poll, args, kwargs, wake)
+        finally:
+            self._poll.unregister(wake)
 
 
 def _scoped_poll(orig: Callable[..., Any], args: Tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
+                 kwargs: dict[str, Any], wake: int) -> Any:
     if kwargs or len(args) > 1:
         return orig(*args, **kwargs)
     ms = args[0] if args else None
@@ -167,6 +185,7 @@ def _scoped_poll(orig: Callable[..., Any], args: Tuple[Any, ...],
             result = orig(ms)  # the caller's own value: the same rounding as the original
         else:
             result = orig(t * 1000.0)
+        result = [ev for ev in result if ev[0] != wake]
         return bool(result), result
 
     return bounded_wait(step, timeout)
@@ -185,25 +204,113 @@ def _make_selector_select(orig: Callable[..., Any]) -> Callable[..., Any]:
             return orig(self, timeout)
 
         def step(t: Optional[float]) -> Tuple[bool, Any]:
-            result = orig(self, t)
+            result = orig(self, t)  # our wake-up fd has no key: the selector drops it
             return bool(result), result
 
-        return bounded_wait(step, timeout)
+        undo = _watch_wake(self)
+        try:
+            return bounded_wait(step, timeout)
+        finally:
+            undo()
 
     return select
+
+
+def _nothing() -> None:
+    return None
+
+
+def _watch_wake(selector: Any) -> Callable[[], None]:
+    """Add this thread's wake-up fd to ``selector``'s own poll set (epoll, poll, devpoll
+    object, or ``SelectSelector``'s readers) for one ``select``; returns the undo."""
+    fd = _stop.wake_fd()
+    inner = getattr(selector, "_selector", None)
+    if inner is not None and callable(getattr(inner, "register", None)):
+        try:
+            inner.register(fd, _POLLIN)  # EPOLLIN == POLLIN
+        except (OSError, ValueError):
+            return _nothing
+        return lambda: inner.unregister(fd)
+    readers = getattr(selector, "_readers", None)
+    if isinstance(readers, set):
+        readers.add(fd)
+        return lambda: readers.discard(fd)
+    return _nothing
 
 
 # --- threading -----------------------------------------------------------------------------
 
 
+class _Waiter:
+    """What a patched ``Condition.wait`` queues in ``Condition._waiters`` instead of a bare
+    lock: ``release()`` (what ``notify`` calls) marks it notified; ``wake()`` (the stop time
+    changed) releases it without. Either may come first; the lock is released once."""
+
+    __slots__ = ("_lock", "_mutex", "_open", "notified")
+
+    def __init__(self) -> None:
+        self._lock = _allocate_lock()
+        self._lock.acquire()
+        self._mutex = _allocate_lock()
+        self._open = False
+        self.notified = False
+
+    def _release(self) -> None:
+        with self._mutex:
+            if self._open:
+                return
+            self._open = True
+        self._lock.release()
+
+    def release(self) -> None:
+        self.notified = True
+        self._release()
+
+    def wake(self) -> None:
+        self._release()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        return self._lock.acquire(blocking, timeout)
+
+
+def _condition_step(cond: Any, t: Optional[float]) -> bool:
+    """One ``Condition.wait`` (the stdlib's own logic, with a :class:`_Waiter`) that a wake
+    ends early: True only when notified. Runs under the wait shield, so the lock is always
+    re-acquired before the interrupt lands."""
+    if not cond._is_owned():
+        raise RuntimeError("cannot wait on un-acquired lock")
+    waiter = _Waiter()
+    if not _stop.add_waker(waiter.wake):
+        return False  # the stop time changed since it was read: re-read it
+    try:
+        with _shield():
+            cond._waiters.append(waiter)
+            saved = cond._release_save()
+            try:
+                if t is None:
+                    waiter.acquire()
+                elif t > 0:
+                    waiter.acquire(True, t)
+            finally:
+                cond._acquire_restore(saved)
+                if not waiter.notified:
+                    try:
+                        cond._waiters.remove(waiter)
+                    except ValueError:
+                        pass
+    finally:
+        _stop.remove_waker(waiter.wake)
+    return waiter.notified
+
+
 def _make_condition_wait(orig: Callable[..., bool]) -> Callable[..., bool]:
     def wait(self: Any, timeout: Optional[float] = None) -> bool:
-        if _remaining() is None or not (timeout is None or _is_number(timeout)):
+        if (_remaining() is None or not (timeout is None or _is_number(timeout))
+                or not hasattr(self, "_waiters")):
             return orig(self, timeout)
 
         def step(t: Optional[float]) -> Tuple[bool, bool]:
-            with _shield():  # the wait re-acquires the lock before the interrupt lands
-                got = orig(self, t)
+            got = _condition_step(self, t)
             return got, got
 
         result: bool = bounded_wait(step, timeout)
@@ -218,6 +325,11 @@ def _make_join(orig: Callable[..., None]) -> Callable[..., None]:
             return orig(self, timeout)
 
         def step(t: Optional[float]) -> Tuple[bool, None]:
+            # The lock join waits on is released only by the thread's end: no wake-up can
+            # reach it, so re-read the stop time every _JOIN_SLICE.
+            rem = _remaining()
+            if rem is not None and rem > 0.0:  # not past a (shielded) deadline
+                t = _JOIN_SLICE if t is None else min(t, _JOIN_SLICE)
             with _shield():
                 orig(self, t)
             return not self.is_alive(), None

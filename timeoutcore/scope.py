@@ -12,14 +12,14 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, cast
 
-from . import _hooks, _validate
+from . import _hooks, _stop, _validate
 from ._engine import core
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Per-scope state of the optional features; every engine's scope class declares them.
 EXTRA_SLOTS = ("_extras", "_soft", "_on_soft", "_soft_raise", "_soft_fired", "_cleanups",
-               "_result_log", "_observer", "_cancelled")
+               "_result_log", "_observer", "_cancelled", "_soft_retry")
 _EXTRA_KEYS = ("soft_limit", "soft", "on_soft", "soft_raise", "result_log", "observer")
 
 
@@ -93,6 +93,15 @@ class _ScopeMixin:
             cleanups = scope._cleanups = []
         cleanups.append((fn, args))
         scope._hook = _hooks.dispatch
+
+    def reschedule(self, when: Optional[float]) -> None:
+        """Move the deadline to ``when`` (a ``time.monotonic()`` value; ``None``: none).
+
+        The engine re-arms it; then the block's waits are woken (``timeoutcore._stop``) so
+        that each re-reads the stop time: an earlier one ends them there, a later one lets
+        them run on."""
+        super().reschedule(when)  # type: ignore[misc]
+        _stop.wake(getattr(self, "thread_ident", None))
 
     def cancel(self) -> None:
         """Stop the block now, from any thread, as if its deadline had passed: it is

@@ -25,13 +25,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
-from . import _fork
-from ._engine import engine_of
-from .errors import SoftDeadlineExceeded
+from . import _fork, _stop
 
 log = logging.getLogger("timeoutcore")
 
 OnSoft = Callable[[Any], Any]
+_RETRY_FIRST = 0.0005  # s: first retry of a soft exception the core refused (shielded)
+_RETRY_MAX = 0.02
 
 
 class _SoftTimer:
@@ -69,7 +69,20 @@ class _SoftTimer:
                         break
                     self._cond.wait(self._heap[0][0] - now if self._heap else None)
             if scope.active and not scope.expired():
-                self._fire(scope)
+                if getattr(scope, "_soft_fired", False):
+                    self._deliver(scope)  # a retry: the block was shielded
+                else:
+                    self._fire(scope)
+
+    def _deliver(self, scope: Any) -> None:
+        """Raise the soft exception in the block and wake its waits; while the block is
+        shielded the core refuses, so try again shortly (0.5 ms, doubling up to 20 ms):
+        a shielded section holds the soft limit back as it holds the hard one."""
+        if _stop.deliver_soft(scope):
+            return
+        delay = min(2 * getattr(scope, "_soft_retry", _RETRY_FIRST / 2), _RETRY_MAX)
+        scope._soft_retry = delay
+        self.register(scope, time.monotonic() + delay)
 
     def _fire(self, scope: Any) -> None:
         scope._soft_fired = True
@@ -82,8 +95,7 @@ class _SoftTimer:
             scope.limit,
         )
         if scope._soft_raise:
-            exc = SoftDeadlineExceeded if scope._soft_raise is True else scope._soft_raise
-            engine_of(scope)._raise_in_scope(scope, exc)
+            self._deliver(scope)
         callback: Optional[OnSoft] = scope._on_soft
         if callback is not None:
             self._callbacks().submit(_call_on_soft, callback, scope)

@@ -7,7 +7,8 @@ When the command ends by itself, whatever it left running in its process group i
 too. The command is always reaped; descendants that were re-parented to this process (it is
 PID 1, or a child subreaper) are reaped as well -- no orphans, no zombies. Inside a
 ``thread_deadline`` scope the scope's deadline also ends the command (killed, reaped, then
-the scope raises ``DeadlineExceeded`` as usual).
+the scope raises ``DeadlineExceeded`` as usual), and so does any other stop of the scope:
+a ``soft_raise`` soft limit, ``cancel()``, an earlier ``reschedule()``.
 
 Command lists only (never a shell); the arguments are validated with pydantic, the result is
 a pydantic model serialised with orjson.
@@ -27,7 +28,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBytes, StrictInt, StrictStr
 from pydantic import field_validator, model_validator
 
-from . import _validate
+from . import _stop, _validate
 from ._process_tree import (  # noqa: F401 - kill_and_reap, signal_tree: public here before
     _REAP_ORPHANS_FOR,
     _reap,
@@ -368,10 +369,15 @@ class _Supervisor:
                 poller.register(fd, select.POLLIN)
         if self.pending:
             poller.register(self.stdin_fd, select.POLLOUT)
+        # Inside a scope, the thread's wake-up fd too: the scope's stop time changed.
+        wake = _stop.wake_fd() if _stop.stop_time() is not None else -1
+        if wake >= 0:
+            poller.register(wake, select.POLLIN)
         events: list[tuple[int, int]] = []
 
         def step(t: Optional[float]) -> tuple[bool, None]:
-            events[:] = poller.poll(None if t is None else t * 1000.0)
+            events[:] = [ev for ev in poller.poll(None if t is None else t * 1000.0)
+                         if ev[0] != wake]
             return bool(events), None
 
         bounded_wait(step, watch.slice(timeout))

@@ -80,10 +80,11 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline')) + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'deadline', string.format('%.6f', deadline))
+local version = redis.call('HINCRBY', KEYS[1], 'extends', 1)
 redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((deadline - now + tonumber(ARGV[3])) * 1000)))
 redis.call('ZADD', KEYS[2], deadline, ARGV[1])
 redis.call('PUBLISH', ARGV[4], cjson.encode({op='extend', job=ARGV[1], token=token,
-                                             seconds=tonumber(ARGV[2])}))
+                                             seconds=tonumber(ARGV[2]), n=version}))
 return string.format('%.6f', deadline - now)
 """
 
@@ -153,13 +154,17 @@ class _Health:
 class _Entry:
     """One entry of a scope into its block under a job id."""
 
-    __slots__ = ("job", "token", "scope", "published")
+    __slots__ = ("job", "token", "scope", "published", "extends")
 
     def __init__(self, job: str, scope: Any) -> None:
         self.job = job
         self.token = uuid.uuid4().hex  # tells this entry from any other under the same id
         self.scope = scope
         self.published = False
+        # How many extensions this scope already has (the key's `extends` counter, set by
+        # every extend): an extend message is a delta, so one that a resync after a
+        # (re)subscribe already counted must not be added a second time.
+        self.extends = 0
 
 
 class _Registration:
@@ -384,6 +389,7 @@ class DeadlineRegistry:
             if not (isinstance(job, str) and isinstance(token, str) and op in ("cancel", "extend")):
                 raise TypeError
             seconds = float(msg["seconds"]) if op == "extend" else 0.0
+            n = int(msg.get("n", 0)) if op == "extend" else 0
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             log.warning("ignoring a malformed control message: %r", data[:200])
             return
@@ -393,7 +399,8 @@ class DeadlineRegistry:
             return  # another process's job, or one that has ended
         if op == "cancel":
             entry.scope.cancel()
-        else:
+        elif n == 0 or n > entry.extends:
+            entry.extends = max(entry.extends, n)
             self._extend_local(entry.scope, seconds)
 
     @staticmethod
@@ -420,10 +427,10 @@ class DeadlineRegistry:
         pipe = self.client.pipeline(transaction=False)
         pipe.time()
         for entry in entries:
-            pipe.hmget(self._key(entry.job), ["token", "state", "deadline"])
+            pipe.hmget(self._key(entry.job), ["token", "state", "deadline", "extends"])
         (sec, usec), *rows = pipe.execute()
         server_now = sec + usec / 1e6
-        for entry, (token, state, deadline) in zip(entries, rows):
+        for entry, (token, state, deadline, extends) in zip(entries, rows):
             if token is None or token.decode() != entry.token:
                 continue
             if state == b"cancelling":
@@ -433,6 +440,7 @@ class DeadlineRegistry:
             if when is None or deadline is None or entry.scope.expired():
                 continue
             published = time.monotonic() + float(deadline) - server_now
+            entry.extends = max(entry.extends, int(extends or 0))  # counted in `published`
             if published > when + 0.001:  # extended while the subscription was down
                 try:
                     entry.scope.reschedule(published)

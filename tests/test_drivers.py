@@ -1,0 +1,108 @@
+"""Database drivers, for real: a blocked query stops at the trigger with interrupt_with."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import pytest
+from conftest import run_under_trigger
+
+import timeoutcore
+from timeoutcore import DeadlineExceeded
+from timeoutcore.contrib.db import guard
+
+FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+
+def _in_worker(fn: Callable[[], Any]) -> Any:
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(fn).result()
+
+
+def _stopped(conn: Any, query: Callable[[], Any], trigger: str) -> tuple[str, float]:
+    """(how the block ended, seconds late) for ``query`` under ``guard(conn)``; a soft
+    exception replaces the driver's own "cancelled" error when leaving ``guard``."""
+
+    def body() -> None:
+        with guard(conn):
+            query()
+
+    outcome, elapsed = run_under_trigger(trigger, body, 0.2)
+    return outcome, elapsed - 0.2
+
+
+WANT = {"hard": "hard", "soft": "soft", "cancel": "cancelled"}
+
+
+@pytest.mark.parametrize("trigger", ["hard", "soft", "cancel"])
+def test_sqlite_query_stops(trigger: str) -> None:
+    def job() -> tuple[str, float, list[Any]]:
+        conn = sqlite3.connect(":memory:")
+        outcome, late = _stopped(conn, lambda: conn.execute(FOREVER).fetchall(), trigger)
+        return outcome, late, conn.execute("SELECT 1").fetchall()
+
+    outcome, late, after = _in_worker(job)
+    assert outcome == WANT[trigger]
+    assert late < 0.3, late  # ~ms; broken: the query runs for ever
+    assert after == [(1,)]
+
+
+def test_interrupt_with_is_not_called_after_exit() -> None:
+    calls: list[float] = []
+    with timeoutcore.thread_deadline(0.2):
+        with timeoutcore.interrupt_with(lambda: calls.append(time.monotonic())):
+            pass
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert calls == []
+
+
+def test_a_failing_fn_does_not_prevent_the_interrupt(caplog: Any) -> None:
+    called = threading.Event()
+
+    def boom() -> None:
+        called.set()
+        raise RuntimeError("boom")
+
+    def job() -> str:
+        try:
+            with timeoutcore.thread_deadline(0.1), timeoutcore.interrupt_with(boom):
+                # An unpatched Event.wait is a C lock wait the core's signal cannot end:
+                # only fn (which then fails) releases it, so fn surely runs before the
+                # block ends, and the deadline's interrupt must still surface after it.
+                called.wait(5)
+        except DeadlineExceeded:
+            return "hard"
+        return "returned"
+
+    assert _in_worker(job) == "hard"
+    # fn fails on the interrupter thread, which logs it just after: wait for the record.
+    end = time.monotonic() + 5
+    while "boom" not in caplog.text and time.monotonic() < end:
+        time.sleep(0.01)
+    assert "boom" in caplog.text
+
+
+@pytest.mark.parametrize("driver", ["psycopg2", "psycopg"])
+@pytest.mark.parametrize("trigger", ["hard", "soft", "cancel"])
+def test_postgres_query_stops(driver: str, trigger: str, postgres_dsn: str) -> None:
+    mod = pytest.importorskip(driver)
+
+    def job() -> tuple[str, float, Any]:
+        conn = mod.connect(postgres_dsn)
+        cur = conn.cursor()
+        outcome, late = _stopped(conn, lambda: cur.execute("SELECT pg_sleep(10)"), trigger)
+        conn.rollback()
+        cur.execute("SELECT 1")
+        row = cur.fetchone()
+        conn.close()
+        return outcome, late, row
+
+    outcome, late, row = _in_worker(job)
+    assert outcome == WANT[trigger]
+    assert late < 0.5, late  # ~100 ms budget, generous on a loaded machine; broken: 10 s
+    assert row[0] == 1
