@@ -490,12 +490,89 @@ def _time_sleep(m: Method, ends_at: float) -> Iterator[Work]:
     yield lambda: time.sleep(max(0.0, ends_at - _perf()))
 
 
+@contextlib.contextmanager
+def _cpu_logging(m: Method, ends_at: float) -> Iterator[Work]:
+    """A CPU loop that logs on every turn through a real StreamHandler (to /dev/null, with
+    a formatter): most of its time is inside logging, protected code, so the interrupt is
+    deferred to the loop's own line after the log call."""
+    import logging
+
+    with open(os.devnull, "w") as sink:  # noqa: PTH123
+        handler = logging.StreamHandler(sink)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        log = logging.getLogger("timeoutcore.bench.deferral")
+        log.propagate = False
+        log.setLevel(logging.INFO)
+        log.addHandler(handler)
+
+        def work() -> None:
+            clock = _perf
+            for n in _FOREVER:
+                log.info("turn %d", n)
+                if clock() >= ends_at:
+                    return
+
+        try:
+            yield work
+        finally:
+            log.removeHandler(handler)
+            handler.close()
+
+
+@contextlib.contextmanager
+def _queue_traffic(m: Method, ends_at: float) -> Iterator[Work]:
+    """Queue traffic shared with a partner thread: the guarded loop puts and gets on two
+    ``queue.Queue`` objects the partner also uses (locks, conditions, task accounting),
+    so a deadline often passes inside ``queue``/``threading`` code."""
+    import queue
+
+    jobs: queue.Queue[int] = queue.Queue()
+    done: queue.Queue[int] = queue.Queue()
+    stop = threading.Event()
+
+    def partner() -> None:
+        while not stop.is_set():
+            try:
+                n = jobs.get(timeout=0.01)
+            except queue.Empty:
+                continue
+            done.put(n)
+            jobs.task_done()
+
+    t = threading.Thread(target=partner, daemon=True)
+    t.start()
+
+    def work() -> None:
+        clock = _perf
+        for n in _FOREVER:
+            jobs.put(n)
+            try:
+                done.get(timeout=0.01)
+            except queue.Empty:
+                pass
+            if clock() >= ends_at:
+                return
+
+    try:
+        yield work
+    finally:
+        stop.set()
+        t.join()
+
+
 CPU = Workload("cpu", "CPU loop", _cpu)
+CPU_LOGGING = Workload("cpu_logging", "CPU loop logging every turn", _cpu_logging,
+                       only="timeoutcore", section="cpu", variant="logging every turn")
+QUEUE_TRAFFIC = Workload("queue_traffic", "queue traffic with a partner thread",
+                         _queue_traffic, only="timeoutcore", section="cpu",
+                         variant="queue traffic")
 C_CALL = Workload("c_call", "blocking C call (ctypes read)", _c_call)
 SLEEP = Workload("sleep", "sleep (timeoutcore.sleep / time.sleep)", _own_sleep)
 TIME_SLEEP = Workload("time_sleep", "plain time.sleep", _time_sleep, only="timeoutcore",
                       section="sleep", variant="plain time.sleep")
-WORKLOADS: tuple[Workload, ...] = (CPU, C_CALL, SLEEP, TIME_SLEEP)
+# The deferral workloads run timeoutcore only: the peers' interrupts land inside logging
+# and queue code and leave their locks held (the very hazard), which would hang the run.
+WORKLOADS: tuple[Workload, ...] = (CPU, C_CALL, SLEEP, TIME_SLEEP, CPU_LOGGING, QUEUE_TRAFFIC)
 
 
 @contextlib.contextmanager

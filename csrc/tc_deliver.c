@@ -46,6 +46,8 @@ static PyObject *g_prot_codes;       /* set of code objects, or NULL        */
 static PyObject *g_prot_cache;       /* dict: code -> True/False            */
 static PyObject *g_name_key;         /* interned "__name__"                 */
 #define TC_PROT_CACHE_MAX 20000      /* entries before the cache is cleared */
+static PyObject *g_defer_report;     /* report(scope) at exit, or NULL      */
+static int64_t g_defer_cap_ns;       /* ... when deferred longer than this  */
 
 /* -- Protected code ---------------------------------------------------------- */
 
@@ -141,8 +143,51 @@ static int stack_protected(PyFrameObject *cur, PyObject *scope_frame, PyObject *
 /* -- The hook: per-thread tracer (3.11) or sys.monitoring tool (3.12+) ---------- */
 
 static int deliver_here(tc_slot *s, int back_edge);
+static void deliver_pending_here(tc_slot *s);
 
 #if TC_HOOK_TRACE
+/* 3.11's stale async-exception flag.  3.11 keeps one interpreter-wide
+ * "an async exception is pending" bit (ceval.pending.async_exc, part of the
+ * eval breaker) that only a thread *consuming* its async exception clears;
+ * PyThreadState_SetAsyncExc(id, NULL) sets it as well, and so does an async
+ * exception whose thread ends first.  Left stale, the eval breaker stays
+ * tripped for the whole interpreter -- a slowdown without a tracer, but
+ * with one (ours) a hang: 3.11's DO_TRACING checks the breaker at a RESUME
+ * before it advances, handles "nothing", and dispatches the same RESUME
+ * again, for ever (measured: a deferred delivery in the main thread spun
+ * at a function entry once the pure-Python engine or the async fallback had
+ * cleared an exception; tests/test_integrity.py).  So whoever arms or
+ * nudges the hook asks for a drain, and the deliverer, once it holds no
+ * lock of ours (Python code may drop the GIL), raises an async exception
+ * in its own thread and consumes it in an empty call: the consume clears
+ * the bit and recomputes the breaker.  Another thread's real pending async
+ * exception stays in its thread state and is met at its next breaker trip
+ * (what CPython does with two of them anyway). */
+static int g_drain_due;              /* GIL: a drain was asked for          */
+static PyObject *g_drain_fn;         /* lambda: None                        */
+
+static void hook_drain_request(void) { g_drain_due = 1; }
+
+static void hook_drain(void)
+{
+    PyObject *et, *ev, *tb, *r;
+    unsigned long me = PyThread_get_thread_ident();
+    if (!g_drain_due || g_drain_fn == NULL)
+        return;
+    g_drain_due = 0;
+    PyErr_Fetch(&et, &ev, &tb);
+    if (PyThreadState_SetAsyncExc(me, PyExc_RuntimeError) == 1) {
+        r = PyObject_CallNoArgs(g_drain_fn); /* its RESUME consumes it */
+        if (r != NULL) { /* not consumed: take it back, try next time */
+            Py_DECREF(r);
+            (void)PyThreadState_SetAsyncExc(me, NULL);
+            g_drain_due = 1;
+        }
+        PyErr_Clear();
+    }
+    PyErr_Restore(et, ev, tb);
+}
+
 /* Is frame `f` about to run a JUMP_BACKWARD (a loop's back-edge)? */
 static int at_back_edge(PyFrameObject *f)
 {
@@ -196,6 +241,7 @@ static int hook_arm(tc_slot *s, PyThreadState *t)
         return -1;
     }
     s->hooked = 1;
+    hook_drain_request();
     return 0;
 }
 
@@ -222,6 +268,7 @@ static void hook_disarm(tc_slot *s, PyThreadState *t)
 static void hook_nudge(tc_slot *s, PyThreadState *t)
 {
     PyFrameObject *f;
+    hook_drain_request(); /* a stale flag may have come since it was armed */
     if (t->c_tracefunc != trace_cb) {
         s->hooked = 0;
         op_frame_clear(s);
@@ -255,7 +302,17 @@ static void hook_nudge(tc_slot *s, PyThreadState *t)
     s->op_frame = (PyObject *)f; /* the reference moves here */
 }
 
-static int hook_setup(void) { return 0; }
+static int hook_setup(void)
+{
+    PyObject *g = PyDict_New(), *r = NULL;
+    if (g != NULL && PyDict_SetItemString(g, "__builtins__", PyEval_GetBuiltins()) == 0)
+        r = PyRun_String("lambda: None", Py_eval_input, g, g);
+    Py_XDECREF(g);
+    if (r == NULL)
+        return -1;
+    g_drain_fn = r;
+    return 0;
+}
 
 #else /* sys.monitoring */
 
@@ -335,6 +392,10 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_RETURN_NONE;
 }
+
+/* 3.12+: a stale async-exception bit only costs time (instrumented RESUME
+ * advances before it handles the breaker); 3.13+ keeps it per thread. */
+static void hook_drain(void) {}
 
 /* Backstop: LINE and backward JUMP events cover every loop of bytecode, so
  * there is nothing to add. */
@@ -420,7 +481,7 @@ done:
  * set when it raised, else 0. */
 static int deliver_here(tc_slot *s, int back_edge)
 {
-    PyObject *scope = s->pending_scope, *where = NULL, *exc;
+    PyObject *scope = s->pending_scope, *where = NULL;
     int64_t now;
     STAT_INC(hook_calls);
     if (atomic_load(&s->shield) > 0)
@@ -446,20 +507,29 @@ static int deliver_here(tc_slot *s, int back_edge)
         STAT_INC(hook_defers);
         return 0;
     }
-    exc = s->pending;
+    STAT_INC(hook_raises);
+    deliver_pending_here(s);
+    return -1;
+}
+
+/* In the owner thread, at an explicit raise point (checkpoint(), a wait's
+ * step, a shield's exit): raise what is pending right here.  The caller
+ * returns NULL. */
+static void deliver_pending_here(tc_slot *s)
+{
+    PyObject *scope = s->pending_scope, *exc = s->pending;
+    int64_t now = now_ns();
     s->pending = NULL;
     s->pending_scope = NULL;
-    hook_disarm(s, me);
+    hook_disarm(s, PyThreadState_Get());
     if (scope != NULL) {
         if (s->deferred_since != 0)
             as_scope(scope)->deferred_ns += now - s->deferred_since;
         as_scope(scope)->delivered_at = now;
     }
     s->deferred_since = 0;
-    STAT_INC(hook_raises);
     PyErr_SetNone(exc);
     Py_DECREF(exc);
-    return -1;
 }
 
 /* The thread state of the slot's thread (GIL held), or NULL if it is gone. */

@@ -121,10 +121,10 @@ static PyObject *mod_sleep(PyObject *m, PyObject *arg)
         Py_END_ALLOW_THREADS
         if (PyErr_CheckSignals() < 0)
             return NULL;
-        if (s != NULL && atomic_load(&s->raised) != raised0)
-            Py_RETURN_NONE; /* a soft-limit exception is pending: let it land */
         if (slot_check(s))
-            return NULL;
+            return NULL; /* the interrupt, or a soft exception sent meanwhile */
+        if (s != NULL && atomic_load(&s->raised) != raised0)
+            Py_RETURN_NONE; /* sent asynchronously (no hook): let it land */
         now = now_ns();
         if (now >= target)
             Py_RETURN_NONE;
@@ -235,6 +235,7 @@ static PyObject *mod_raise_in_scope(PyObject *m, PyObject *args)
     sc->soft_pending = 1;
     atomic_fetch_add(&s->raised, 1);
     slot_inject(s, exc, scope);
+    hook_drain();
     Py_RETURN_TRUE;
 }
 
@@ -315,6 +316,34 @@ static PyObject *mod_set_protection(PyObject *m, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* _set_deferral_report(report, cap): call report(scope) at the exit of a
+ * scope whose interrupt waited longer than `cap` seconds for protected
+ * code (once per scope, shielded); report None turns it off. */
+static PyObject *mod_set_deferral_report(PyObject *m, PyObject *args)
+{
+    PyObject *report;
+    double cap;
+    (void)m;
+    if (!PyArg_ParseTuple(args, "Od:_set_deferral_report", &report, &cap))
+        return NULL;
+    if (report != Py_None && !PyCallable_Check(report)) {
+        PyErr_SetString(PyExc_TypeError, "_set_deferral_report(): report must be callable");
+        return NULL;
+    }
+    if (!(cap >= 0.0 && cap < 1e9)) {
+        PyErr_SetString(PyExc_ValueError, "_set_deferral_report(): cap must be >= 0 seconds");
+        return NULL;
+    }
+    g_defer_cap_ns = (int64_t)(cap * 1e9);
+    if (report == Py_None)
+        Py_CLEAR(g_defer_report);
+    else {
+        Py_INCREF(report);
+        Py_XSETREF(g_defer_report, report);
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *mod_delivery_mode(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -380,6 +409,8 @@ static PyMethodDef mod_methods[] = {
      "Arm the safe-delivery hook; returns 'trace' or 'monitoring'."},
     {"_set_protection", mod_set_protection, METH_VARARGS,
      "Protected modules (tuple of str) and code objects (set or None)."},
+    {"_set_deferral_report", mod_set_deferral_report, METH_VARARGS,
+     "report(scope) at exit when its interrupt waited > cap s for protected code."},
     {"_delivery_mode", mod_delivery_mode, METH_NOARGS,
      "'trace' or 'monitoring' (safe delivery), or 'async' (fallback)."},
     {"_anticipation", mod_anticipation, METH_NOARGS,

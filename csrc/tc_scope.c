@@ -286,19 +286,22 @@ static void raise_exceeded(PyObject *self, int interrupt_was_in_flight)
     Py_DECREF(exc);
 }
 
-/* Call the scope's hook at exit, shielded: the block is over, no deadline
- * interrupt may land in the hook.  A failing hook is reported as unraisable.
- * Returns 1 if an enclosing scope's interrupt was held back meanwhile. */
-static int run_exit_hook(tc_slot *s, PyObject *self, PyObject *exc)
+/* Call the scope's hook at exit -- hook(scope, "exit", exc), or with `exc`
+ * NULL the deferral report, report(scope) -- shielded: the block is over, no
+ * deadline interrupt may land in it.  A failing hook is reported as
+ * unraisable.  Returns 1 if an enclosing scope's interrupt was held back
+ * meanwhile. */
+static int run_exit_hook(tc_slot *s, PyObject *hook, PyObject *self, PyObject *exc)
 {
-    PyObject *hook = as_scope(self)->hook, *r, *et, *ev, *tb;
+    PyObject *r, *et, *ev, *tb;
     int held;
     atomic_fetch_add(&s->shield, 1);
     if (s->fired != NULL && atomic_load(&s->state) == SLOT_INJECTED)
         slot_take_back(s);
     PyErr_Fetch(&et, &ev, &tb);
     Py_INCREF(hook);
-    r = PyObject_CallFunction(hook, "OsO", self, "exit", exc);
+    r = exc != NULL ? PyObject_CallFunction(hook, "OsO", self, "exit", exc)
+                    : PyObject_CallOneArg(hook, self);
     if (r == NULL)
         PyErr_WriteUnraisable(hook);
     Py_XDECREF(r);
@@ -364,7 +367,13 @@ static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     in_flight = exc_type != Py_None && PyType_Check(exc_type) &&
                 PyObject_IsSubclass(exc_type, g_interrupt) == 1;
-    if (sc->hook != NULL && run_exit_hook(s, self, nargs > 1 ? args[1] : Py_None)) {
+    if (g_defer_report != NULL && sc->deferred_where != NULL &&
+        sc->deferred_ns > g_defer_cap_ns && run_exit_hook(s, g_defer_report, self, NULL)) {
+        Py_DECREF(self);
+        return slot_deliver_held(s, now_ns());
+    }
+    if (sc->hook != NULL &&
+        run_exit_hook(s, sc->hook, self, nargs > 1 ? args[1] : Py_None)) {
         /* an enclosing deadline passed while the hook ran (shielded): deliver it
          * now, and make it fire first if the watchdog held off, so that the
          * enclosing scope claims its interrupt at its own exit */

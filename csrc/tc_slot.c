@@ -211,6 +211,10 @@ static int slot_check(tc_slot *s)
         slot_raise_here(s);
         return 1;
     }
+    if (s->pending != NULL) { /* a soft exception on its way: here it is */
+        deliver_pending_here(s);
+        return 1;
+    }
     now = now_ns();
     return atomic_load(&s->deadline) <= now && slot_fire(s, now, 1);
 }

@@ -234,6 +234,7 @@ static void *wd_main(void *arg)
                 sleep_until(ev.deadline);
         }
         wd_sweep(now_ns());
+        hook_drain(); /* outside g_mu: it runs Python code (tc_deliver.c) */
         refresh_switch_interval();
         ts = PyEval_SaveThread();
     }

@@ -247,3 +247,178 @@ def test_self_jumping_loop_in_a_with_is_interrupted_inside_it() -> None:
                     pass
     assert _free(lock)
     assert scope.delivered_at is not None
+
+
+def test_interrupt_deferred_past_logging_module_lock() -> None:
+    """getLogger/setLevel take logging's module lock: an interrupt there used to leave it
+    held, and every later getLogger in the process hung."""
+    lock = logging._lock  # type: ignore[attr-defined]
+    scope = _run_past_deadline(lambda: logging.getLogger("timeoutcore.test.modlock"), lock)
+    assert _free(lock)
+    assert scope.deferred > 0
+    assert "logging" in scope.deferred_where
+
+
+def test_interrupt_deferred_past_futures_wait() -> None:
+    """concurrent.futures.wait() installs a waiter in each future under _AcquireFutures and
+    removes it afterwards: an interrupt in between leaves locks held and waiters behind."""
+    from concurrent.futures import Future, wait
+
+    fut: Future[int] = Future()
+    fut.set_result(1)
+    scope = _run_past_deadline(lambda: wait([fut], timeout=0), fut._condition)  # type: ignore[attr-defined]
+    assert _free(fut._condition)  # type: ignore[attr-defined]
+    assert fut._waiters == []  # type: ignore[attr-defined]
+    assert scope.deferred > 0
+    assert "concurrent" in scope.deferred_where
+
+
+def test_interrupt_deferred_past_future_callbacks() -> None:
+    """Future.set_result runs its done-callbacks after the state change; an interrupt in
+    between skips them (a waiter that never wakes)."""
+    from concurrent.futures import Future
+
+    gate = threading.Lock()  # contended, so the deadline passes inside the step
+    missed: list[int] = []
+
+    def step() -> None:
+        fut: Future[int] = Future()
+        calls: list[int] = []
+        fut.add_done_callback(lambda f: calls.append(1))
+        with gate:
+            fut.set_result(1)
+        if calls != [1]:
+            missed.append(1)
+
+    _run_past_deadline(step, gate)
+    assert missed == []
+    assert _free(gate)
+
+
+# -- the waits: with patch() they end at the deadline; without, at the return to user code ----
+
+
+def test_patched_queue_get_stops_at_the_deadline_and_leaves_the_queue_intact() -> None:
+    q: queue.Queue[int] = queue.Queue()
+    timeoutcore.patch()
+    try:
+        start = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            with timeoutcore.thread_deadline(0.05):
+                q.get()
+        late = time.monotonic() - start - 0.05
+    finally:
+        timeoutcore.unpatch()
+    assert late < 0.2, late  # broken: blocks until something is put (never, here)
+    assert _free(q.mutex)
+    assert not q.not_empty._waiters  # type: ignore[attr-defined]
+    q.put(1)
+    assert q.get(timeout=1) == 1
+
+
+def test_unpatched_queue_get_is_interrupted_on_its_return_to_user_code() -> None:
+    """Safety over punctuality: a wait inside protected code is not broken into; the
+    interrupt surfaces as soon as the thread is back in the block's own code."""
+    q: queue.Queue[int] = queue.Queue()
+    got: list[int] = []
+    put_at: list[float] = []
+
+    def later() -> None:
+        time.sleep(0.15)
+        put_at.append(time.monotonic())
+        q.put(7)
+
+    threading.Thread(target=later, daemon=True).start()
+    scope = timeoutcore.thread_deadline(0.03)
+    with pytest.raises(DeadlineExceeded):
+        with scope:
+            got.append(q.get(timeout=5))
+            while True:
+                pass
+    assert got == [7]  # the item was taken whole, not lost half-way
+    assert scope.delivered_at is not None and scope.delivered_at >= put_at[0]
+    assert _free(q.mutex)
+    assert q.qsize() == 0
+
+
+# -- visibility --------------------------------------------------------------------------------
+
+
+@timeoutcore.protected
+def _slow_critical(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_deferral_goes_into_the_result_and_the_metrics() -> None:
+    collector = timeoutcore.metrics.enable()
+    try:
+        collector.reset()
+        scope = timeoutcore.thread_deadline(0.01, label="deferral-metrics")
+        with pytest.raises(DeadlineExceeded):
+            with scope:
+                _slow_critical(0.05)
+                while True:
+                    pass
+        snap = collector.snapshot()
+        collector.reset()
+    finally:
+        timeoutcore.metrics.disable()
+    result = scope.result
+    assert result.deferred == scope.deferred and result.deferred > 0.02
+    assert "_slow_critical" in result.deferred_where
+    assert snap["deferred"]["deferral-metrics"]["count"] == 1
+    assert snap["deferred"]["deferral-metrics"]["p99"] >= 0.02
+
+
+def test_a_long_deferral_is_logged_once_with_the_frame_that_held_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    before = timeoutcore.deferral_log_cap()
+    timeoutcore.set_deferral_log_cap(0.02)
+    try:
+        with caplog.at_level(logging.WARNING, logger="timeoutcore"):
+            scope = timeoutcore.thread_deadline(0.01, label="long-deferral")
+            with pytest.raises(DeadlineExceeded):
+                with scope:
+                    _slow_critical(0.06)
+                    while True:
+                        pass
+            short = timeoutcore.thread_deadline(0.01, label="short-deferral")
+            with pytest.raises(DeadlineExceeded):
+                with short:
+                    _slow_critical(0.012)
+                    while True:
+                        pass
+    finally:
+        timeoutcore.set_deferral_log_cap(before)
+    lines = [r.getMessage() for r in caplog.records if "deferred" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert "label=long-deferral" in lines[0] and "_slow_critical" in lines[0]
+    assert scope.deferred > 0.02 and short.deferred < 0.02
+
+
+def test_the_deferral_log_can_be_turned_off(caplog: pytest.LogCaptureFixture) -> None:
+    before = timeoutcore.deferral_log_cap()
+    timeoutcore.set_deferral_log_cap(None)
+    try:
+        with caplog.at_level(logging.WARNING, logger="timeoutcore"):
+            scope = timeoutcore.thread_deadline(0.01)
+            with pytest.raises(DeadlineExceeded):
+                with scope:
+                    _slow_critical(0.08)
+                    while True:
+                        pass
+    finally:
+        timeoutcore.set_deferral_log_cap(before)
+    assert scope.deferred > 0.05
+    assert not [r for r in caplog.records if "deferred" in r.getMessage()]
+
+
+@pytest.mark.parametrize("bad, err", [(-1, ValueError), ("0.1", TypeError),
+                                      (float("nan"), ValueError), (True, TypeError)])
+def test_deferral_log_cap_refuses_bad_input(bad: Any, err: type) -> None:
+    before = timeoutcore.deferral_log_cap()
+    with pytest.raises(err, match="set_deferral_log_cap"):
+        timeoutcore.set_deferral_log_cap(bad)
+    assert timeoutcore.deferral_log_cap() == before

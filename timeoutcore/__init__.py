@@ -19,6 +19,7 @@ from ._engine import ENGINE
 from .blocking import acquire, bounded_wait, socket_timeout, wait_readable, wait_writable
 from .errors import DeadlineCancelled, DeadlineExceeded, SoftDeadlineExceeded
 from .patch import is_patched, patch, patched_targets, unpatch
+from ._deferral import deferral_log_cap, set_deferral_log_cap
 from .protect import protect_module, protected, protected_modules, unprotect_module
 from .scope import (
     DeadlineScope,
@@ -126,6 +127,7 @@ __all__ = [
     "checkpoint",
     "current_deadline",
     "current_scope",
+    "deferral_log_cap",
     "interrupt_with",
     "is_patched",
     "metrics",
@@ -136,6 +138,7 @@ __all__ = [
     "protected_modules",
     "remaining",
     "run",
+    "set_deferral_log_cap",
     "set_default_result_log",
     "set_policy_table",
     "shield",

@@ -72,6 +72,15 @@ class EngineScope(Protocol):
     @property
     def overshoot(self) -> Optional[float]: ...
     @property
+    def deferred(self) -> Optional[float]:
+        """Seconds the fired interrupt waited for protected code (None: it did not fire)."""
+    @property
+    def deferred_where(self) -> Optional[str]:
+        """"file:line in function" of the protected code that held it, or None."""
+    @property
+    def delivered_at(self) -> Optional[float]:
+        """time.monotonic() when the interrupt surfaced inside the block, or None."""
+    @property
     def fired_at(self) -> Optional[float]: ...
     @property
     def entered_at(self) -> Optional[float]: ...

@@ -342,6 +342,19 @@ class Scope:
         return max(self._exited - self._deadline, 0.0)
 
     @property
+    def deferred(self) -> Optional[float]:
+        # This engine never defers (it cannot see where the interrupt will surface).
+        return 0.0 if self._expired else None
+
+    @property
+    def deferred_where(self) -> Optional[str]:
+        return None
+
+    @property
+    def delivered_at(self) -> Optional[float]:
+        return None
+
+    @property
     def fired_at(self) -> Optional[float]:
         return self._fired_at if self._expired else None
 

@@ -19,8 +19,8 @@ from . import _stop
 from ._engine import core
 from ._status import status_of
 
-#: ``record(status, label, elapsed, overshoot)``, called for every exited block.
-Recorder = Callable[[str, Optional[str], float, Optional[float]], None]
+#: ``record(status, label, elapsed, overshoot, deferred)``, called for every exited block.
+Recorder = Callable[[str, Optional[str], float, Optional[float], Optional[float]], None]
 
 
 class _Features:
@@ -93,7 +93,8 @@ def dispatch(scope: Any, event: str, exc: Any) -> None:
         result_log.write(features.build_result(scope))
     recorder = state.recorder
     if recorder is not None:  # counted from the scope itself: no pydantic on this path
-        recorder(status_of(scope), scope.label, scope.elapsed(), scope.overshoot)
+        recorder(status_of(scope), scope.label, scope.elapsed(), scope.overshoot,
+                 scope.deferred)
 
 
 def _log_exception(message: str, *args: Any) -> None:

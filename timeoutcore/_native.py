@@ -120,6 +120,8 @@ except Exception as _exc:  # noqa: BLE001 - reported, then the engine works unsa
         stacklevel=2,
     )
 else:
+    from . import _deferral
     from . import protect as _protect
 
     _protect._install(_set_protection)
+    _deferral._install(core._set_deferral_report)

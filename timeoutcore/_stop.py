@@ -232,16 +232,22 @@ def deliver_soft(scope: Any) -> bool:
 
 
 def deliver_due() -> None:
-    """In the guarded thread, between two steps of a wait: deliver a soft exception whose
-    time has passed and that the soft timer has not delivered yet."""
+    """In the guarded thread, between two steps of a wait: raise, right here, a soft
+    exception whose time has passed (delivering it first if the soft timer has not).
+
+    Right here, because the native engine delivers a soft exception at the thread's next
+    line outside protected code (timeoutcore.protect), and a wait inside ``Queue.get`` or
+    ``Event.wait`` would otherwise go back to waiting -- until the hard deadline -- with
+    the soft exception pending. Its checkpoint is the explicit raise point."""
     owner: Optional[_Owner] = getattr(_local, "owner", None)
     if owner is None or not owner.rec.soft:
         return
     rec = owner.rec
     now = _monotonic()
     for scope, when in list(rec.soft.items()):
-        if when <= now and scope not in rec.soft_claimed:
-            deliver_soft(scope)
+        if when <= now and (scope in rec.soft_hit or scope not in rec.soft_claimed):
+            if scope in rec.soft_hit or deliver_soft(scope):
+                engine_of(scope).checkpoint()
 
 
 def soft_times(ident: int) -> list[float]:

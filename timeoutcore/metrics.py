@@ -59,24 +59,29 @@ class Histogram:
 
 
 class Metrics:
-    """Counts per (status, label) and elapsed/overshoot histograms per label."""
+    """Counts per (status, label) and elapsed/overshoot/deferred histograms per label."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, str], int] = {}
         self._elapsed: dict[str, Histogram] = {}
         self._overshoot: dict[str, Histogram] = {}
+        self._deferred: dict[str, Histogram] = {}
 
     def record(
-        self, status: str, label: Optional[str], elapsed: float, overshoot: Optional[float]
+        self, status: str, label: Optional[str], elapsed: float, overshoot: Optional[float],
+        deferred: Optional[float] = None,
     ) -> None:
-        """Count one exited block."""
+        """Count one exited block; ``deferred`` (seconds its interrupt waited for protected
+        code, None if it did not fire) goes to the deferred histogram."""
         key = label if label is not None else ""
         with self._lock:
             self._counts[(status, key)] = self._counts.get((status, key), 0) + 1
             self._elapsed.setdefault(key, Histogram()).observe(elapsed)
             if overshoot is not None:
                 self._overshoot.setdefault(key, Histogram()).observe(overshoot)
+            if deferred is not None:
+                self._deferred.setdefault(key, Histogram()).observe(deferred)
 
     def reset(self) -> None:
         """Forget everything counted so far."""
@@ -84,6 +89,7 @@ class Metrics:
             self._counts.clear()
             self._elapsed.clear()
             self._overshoot.clear()
+            self._deferred.clear()
 
     def snapshot(self) -> dict[str, Any]:
         """Counts by status and by label, and histogram summaries (seconds)."""
@@ -99,6 +105,7 @@ class Metrics:
                 "by_label": by_label,
                 "elapsed": {k: h.summary() for k, h in self._elapsed.items()},
                 "overshoot": {k: h.summary() for k, h in self._overshoot.items()},
+                "deferred": {k: h.summary() for k, h in self._deferred.items()},
             }
 
     def snapshot_json(self) -> bytes:
@@ -122,6 +129,8 @@ class Metrics:
                 ("timeoutcore_elapsed_seconds", self._elapsed, "Time spent in guarded blocks."),
                 ("timeoutcore_overshoot_seconds", self._overshoot,
                  "How late blocks that hit their deadline were left."),
+                ("timeoutcore_deferred_seconds", self._deferred,
+                 "How long fired interrupts waited for the thread to leave protected code."),
             ):
                 lines.append(f"# HELP {name} {what}")
                 lines.append(f"# TYPE {name} histogram")

@@ -40,6 +40,10 @@ class DeadlineResult(BaseModel):
     elapsed: float
     status: Status
     overshoot: Optional[float]
+    #: seconds the interrupt waited for the thread to leave protected code (None: no fire)
+    deferred: Optional[float] = None
+    #: "file:line in function" of the protected code that held it, if any
+    deferred_where: Optional[str] = None
     error_type: Optional[str] = None
     error_message: Optional[str] = None
 
@@ -73,6 +77,8 @@ def build_result(scope: Any, thread_name: Optional[str] = None) -> DeadlineResul
         elapsed=scope.elapsed(),
         status=status,
         overshoot=scope.overshoot,
+        deferred=scope.deferred,
+        deferred_where=scope.deferred_where,
         error_type=None if error is None else type(error).__qualname__,
         error_message=None if error is None else str(error),
     )
