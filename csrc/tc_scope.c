@@ -502,10 +502,12 @@ static PyObject *Scope_get_overshoot(PyObject *self, void *c)
 
 static PyObject *Scope_get_deferred(PyObject *self, void *c)
 {
+    Scope *sc = as_scope(self);
     (void)c;
-    if (!as_scope(self)->expired)
+    /* something was sent to the block: its deadline fired, or a soft exception */
+    if (!sc->expired && sc->delivered_at == 0 && sc->deferred_where == NULL)
         Py_RETURN_NONE;
-    return PyFloat_FromDouble((double)as_scope(self)->deferred_ns / TC_NS_PER_S_F);
+    return PyFloat_FromDouble((double)sc->deferred_ns / TC_NS_PER_S_F);
 }
 
 static PyObject *Scope_get_deferred_where(PyObject *self, void *c)
@@ -646,8 +648,9 @@ static PyGetSetDef Scope_getset[] = {
      "time.monotonic() when the interrupt was raised, or None.", NULL},
     {"entered_at", Scope_get_entered_at, NULL, "time.monotonic() at entry, or None.", NULL},
     {"deferred", Scope_get_deferred, NULL,
-     "Seconds the interrupt waited for the thread to leave protected code (0.0 if it "
-     "never had to), or None if the deadline did not fire.", NULL},
+     "Seconds the interrupt (or a soft_raise exception) waited for the thread to leave "
+     "protected code (0.0 if it never had to), or None if nothing was sent to the block.",
+     NULL},
     {"deferred_where", Scope_get_deferred_where, NULL,
      "'file:line in function' of the protected code that first held the interrupt, or "
      "None.", NULL},

@@ -42,7 +42,8 @@ def _hammer(switch: str | None, seed: int) -> dict[str, Any]:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     except subprocess.TimeoutExpired as exc:  # pragma: no cover - a deadlock
         pytest.fail(f"hammer hung: {exc.stderr!r}"[-4000:])
-    assert p.returncode == 0, f"hammer exit {p.returncode} (3: deadlock)\n{p.stderr[-6000:]}"
+    assert p.returncode == 0, (f"hammer exit {p.returncode} (1 with stacks: it hung past "
+                               f"--hang-after)\n{p.stderr[-6000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -422,3 +423,39 @@ def test_deferral_log_cap_refuses_bad_input(bad: Any, err: type) -> None:
     with pytest.raises(err, match="set_deferral_log_cap"):
         timeoutcore.set_deferral_log_cap(bad)
     assert timeoutcore.deferral_log_cap() == before
+
+
+@pytest.mark.parametrize("trigger", ["hard", "cancel", "earlier", "soft"])
+def test_every_trigger_waits_for_protected_code(trigger: str) -> None:
+    """The same rule for the deadline, cancel(), reschedule() and a soft_raise soft limit:
+    the exception surfaces after the protected call, at the block's next line."""
+    finished: list[bool] = []
+
+    @timeoutcore.protected
+    def critical() -> None:
+        _slow_critical(0.08)
+        finished.append(True)
+
+    kwargs: dict[str, Any] = {"soft_limit": 0.02, "soft_raise": True} if trigger == "soft" else {}
+    scope = timeoutcore.thread_deadline(0.02 if trigger == "hard" else 5.0, **kwargs)
+    timer = None
+    if trigger == "cancel":
+        timer = threading.Timer(0.02, scope.cancel)
+    elif trigger == "earlier":
+        timer = threading.Timer(0.02, lambda: scope.reschedule(time.monotonic()))
+    want = {"hard": DeadlineExceeded, "cancel": timeoutcore.DeadlineCancelled,
+            "earlier": DeadlineExceeded, "soft": timeoutcore.SoftDeadlineExceeded}[trigger]
+    with pytest.raises(want):
+        with scope:
+            if timer is not None:
+                timer.start()
+            critical()
+            give_up = time.monotonic() + 5
+            while time.monotonic() < give_up:
+                pass
+    if timer is not None:
+        timer.join(5)
+    assert finished == [True]
+    assert scope.deferred is not None and scope.deferred > 0.03, scope.deferred
+    assert "critical" in (scope.deferred_where or "") or "_slow_critical" in (
+        scope.deferred_where or "")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional
 
 from . import _fork
@@ -100,7 +100,7 @@ def bench_timer_pair(n: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def _set_protection(names: tuple[str, ...], codes: "set[object] | None") -> None:
+def _set_protection(names: tuple[str, ...], codes: "set[CodeType] | None") -> None:
     core._set_protection(names, codes)
 
 
