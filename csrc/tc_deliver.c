@@ -108,10 +108,21 @@ static PyObject *frame_where(PyFrameObject *f)
     return s;
 }
 
+/* Is `f` the frame whose with statement entered scope `sc` (tc_compat.h)? */
+static int is_scope_frame(PyFrameObject *f, Scope *sc)
+{
+#if TC_IFRAME_ID
+    return sc->iframe != NULL && tc_frame_iframe(f) == sc->iframe;
+#else
+    return sc->frame != NULL && (PyObject *)f == sc->frame;
+#endif
+}
+
 /* Is protected code running between `cur` (the innermost frame, a new
- * reference, consumed) and `scope_frame` (exclusive)?  On 1, *where (if not
- * NULL and still NULL) gets the outermost protected frame's description. */
-static int stack_protected(PyFrameObject *cur, PyObject *scope_frame, PyObject **where)
+ * reference, consumed) and the frame of scope `sc` (exclusive; NULL: none)?
+ * On 1, *where (if not NULL and still NULL) gets the outermost protected
+ * frame's description. */
+static int stack_protected(PyFrameObject *cur, Scope *sc, PyObject **where)
 {
     PyFrameObject *outer = NULL; /* outermost protected, strong */
     int innermost, found = 0;
@@ -120,7 +131,7 @@ static int stack_protected(PyFrameObject *cur, PyObject *scope_frame, PyObject *
     innermost = frame_protected(cur);
     while (cur != NULL) {
         PyFrameObject *back;
-        if ((PyObject *)cur == scope_frame) {
+        if (sc != NULL && is_scope_frame(cur, sc)) {
             found = 1;
             break;
         }
@@ -495,7 +506,7 @@ static int deliver_here(tc_slot *s, int back_edge)
         return 0; /* already on its way out; if swallowed, this one follows */
     now = now_ns();
     Py_INCREF(cur);
-    if (stack_protected(cur, scope != NULL ? as_scope(scope)->frame : NULL,
+    if (stack_protected(cur, scope != NULL ? as_scope(scope) : NULL,
                         s->deferred_since == 0 ? &where : NULL)) {
         if (s->deferred_since == 0) {
             s->deferred_since = now;

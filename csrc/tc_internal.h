@@ -152,9 +152,12 @@ typedef struct Scope {
     unsigned long ident;   /* threading.get_ident() of the entering thread */
     PyObject *hook;        /* hook(scope, "enter"|"exit", exc) or NULL     */
     PyObject *exit_exc;    /* the exception the block ended with, or NULL  */
-    PyObject *frame;       /* frame of the with statement, while active:
-                              the bound of the protected-code check, and
-                              on 3.13 how stale scopes are found          */
+    PyObject *frame;       /* frame object of the with statement, while
+                              active: on 3.13 how stale scopes are found;
+                              where TC_IFRAME_ID is 0, the bound of the
+                              protected-code check                        */
+    void *iframe;          /* TC_IFRAME_ID: its _PyInterpreterFrame address,
+                              the bound of the check (never dereferenced) */
     int64_t delivered_at;  /* ns when the interrupt surfaced in the body  */
     int64_t deferred_ns;   /* time its delivery waited for protected code */
     PyObject *deferred_where; /* "file:line in function" that held it     */

@@ -210,6 +210,10 @@ static PyObject *Scope_enter(PyObject *self, PyObject *unused)
     s = t_slot;
     if (s == NULL && (s = slot_get()) == NULL)
         return NULL;
+#if TC_IFRAME_ID
+    sc->iframe = tc_current_iframe(PyThreadState_Get()); /* tc_compat.h */
+#endif
+#if TC_TRACK_FRAMES || !TC_IFRAME_ID
     {
         PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
 #if TC_TRACK_FRAMES
@@ -222,6 +226,7 @@ static PyObject *Scope_enter(PyObject *self, PyObject *unused)
         Py_XINCREF(f);
         Py_XSETREF(sc->frame, (PyObject *)f);
     }
+#endif
     if (s->top != NULL && atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL &&
         s->pending == NULL && PyErr_Occurred() == NULL) {
         /* An enclosing scope has fired and the body carried on (it swallowed
@@ -345,6 +350,7 @@ static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
     sc->exited = now;
     sc->slot = NULL;
     Py_CLEAR(sc->frame); /* no finalizer can run: the with statement holds it */
+    sc->iframe = NULL;
     if (s->fired == self) {
         claimed = 1;
         slot_claim(s);

@@ -65,6 +65,7 @@ static void scope_forget(Scope *sc)
     if (sc->exited == 0)
         sc->exited = now_ns();
     Py_CLEAR(sc->frame); /* the stack still holds a reference: no finalizer */
+    sc->iframe = NULL;
 }
 
 /* Drop every scope on the slot's stack (a previous owner's leftovers). */
