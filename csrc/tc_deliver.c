@@ -160,20 +160,27 @@ static void deliver_pending_here(tc_slot *s);
 /* 3.11's stale async-exception flag.  3.11 keeps one interpreter-wide
  * "an async exception is pending" bit (ceval.pending.async_exc, part of the
  * eval breaker) that only a thread *consuming* its async exception clears;
- * PyThreadState_SetAsyncExc(id, NULL) sets it as well, and so does an async
- * exception whose thread ends first.  Left stale, the eval breaker stays
- * tripped for the whole interpreter -- a slowdown without a tracer, but
- * with one (ours) a hang: 3.11's DO_TRACING checks the breaker at a RESUME
- * before it advances, handles "nothing", and dispatches the same RESUME
- * again, for ever (measured: a deferred delivery in the main thread spun
- * at a function entry once the pure-Python engine or the async fallback had
- * cleared an exception; tests/test_integrity.py).  So whoever arms or
- * nudges the hook asks for a drain, and the deliverer, once it holds no
- * lock of ours (Python code may drop the GIL), raises an async exception
- * in its own thread and consumes it in an empty call: the consume clears
- * the bit and recomputes the breaker.  Another thread's real pending async
- * exception stays in its thread state and is met at its next breaker trip
- * (what CPython does with two of them anyway). */
+ * PyThreadState_SetAsyncExc(id, NULL) sets it as well, and it stays set
+ * while an async exception waits in a thread blocked in a C call.  Stale,
+ * the eval breaker stays tripped for the whole interpreter -- a slowdown
+ * without a tracer, but with one (ours) a spin: 3.11's DO_TRACING checks
+ * the breaker at a RESUME before it advances, handles "nothing", and
+ * dispatches the same RESUME again (measured: a deferred delivery in the
+ * main thread spun at a function entry after the pure-Python engine had
+ * cleared an exception; tests/test_integrity.py).  The core itself never
+ * leaves the bit stale (it raises from the hook, not with SetAsyncExc), so
+ * only the backstop -- a hard delivery still pending at a re-injection
+ * time -- asks for a drain, and the watchdog, holding no lock of ours
+ * (Python code may drop the GIL), raises an async exception in its own
+ * thread and consumes it in an empty call: the consume clears the bit and
+ * recomputes the breaker.  Not at every arm: if the drain's call gives the
+ * GIL away (a waiter's drop request), the bit is set by the drain itself
+ * until the watchdog gets the GIL back, and a hooked thread spins that long
+ * (measured: a 5 ms p90 for a loop that logs, gone without it).  A soft
+ * exception has no backstop: a stale bit holds it until the scope's hard
+ * deadline brings one.  Another thread's real pending async exception stays
+ * in its thread state and is met at its next breaker trip (what CPython
+ * does with two of them anyway). */
 static int g_drain_due;              /* GIL: a drain was asked for          */
 static PyObject *g_drain_fn;         /* lambda: None                        */
 
@@ -252,7 +259,6 @@ static int hook_arm(tc_slot *s, PyThreadState *t)
         return -1;
     }
     s->hooked = 1;
-    hook_drain_request();
     return 0;
 }
 
@@ -279,7 +285,7 @@ static void hook_disarm(tc_slot *s, PyThreadState *t)
 static void hook_nudge(tc_slot *s, PyThreadState *t)
 {
     PyFrameObject *f;
-    hook_drain_request(); /* a stale flag may have come since it was armed */
+    hook_drain_request(); /* still pending: a stale flag may be what holds it */
     if (t->c_tracefunc != trace_cb) {
         s->hooked = 0;
         op_frame_clear(s);

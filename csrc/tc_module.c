@@ -235,7 +235,6 @@ static PyObject *mod_raise_in_scope(PyObject *m, PyObject *args)
     sc->soft_pending = 1;
     atomic_fetch_add(&s->raised, 1);
     slot_inject(s, exc, scope);
-    hook_drain();
     Py_RETURN_TRUE;
 }
 

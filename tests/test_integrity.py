@@ -459,3 +459,41 @@ def test_every_trigger_waits_for_protected_code(trigger: str) -> None:
     assert scope.deferred is not None and scope.deferred > 0.03, scope.deferred
     assert "critical" in (scope.deferred_where or "") or "_slow_critical" in (
         scope.deferred_where or "")
+
+
+STALE_FLAG = r"""
+import ctypes, threading, time, timeoutcore
+clear = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
+    ctypes.cast(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_void_p).value)
+# Someone else's SetAsyncExc(id, NULL) with nothing pending: on 3.11 it leaves the
+# interpreter's "async exception pending" bit set, and the eval breaker tripped.
+assert clear(threading.get_ident(), None) == 1
+def f():
+    return 1
+@timeoutcore.protected
+def critical():  # deferred here, with a function entry on every turn: where it would spin
+    end = time.monotonic() + 0.1
+    while time.monotonic() < end:
+        f()
+start = time.monotonic()
+try:
+    with timeoutcore.thread_deadline(0.02):
+        critical()
+        while True:
+            pass
+except timeoutcore.DeadlineExceeded:
+    print("late_ms", round((time.monotonic() - start - 0.1) * 1e3, 1))
+"""
+
+
+def test_a_stale_async_exception_flag_does_not_hold_a_delivery() -> None:
+    """3.11: a tracer plus a stale async-exception bit spins at RESUME; the watchdog's
+    backstop drains the bit (csrc/tc_deliver.c)."""
+    try:
+        p = subprocess.run([sys.executable, "-c", STALE_FLAG], capture_output=True,
+                           text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the deferred delivery spun for ever behind a stale async-exception bit")
+    assert p.returncode == 0, p.stderr
+    late = float(p.stdout.split()[-1])
+    assert late < 1000, late  # ms after critical() ends; broken: it spins for ever

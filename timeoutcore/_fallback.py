@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import sys
 import threading
 import time
 import weakref
@@ -40,8 +41,35 @@ def _inject(ident: int, exc: type) -> None:
     _set_async_exc(ident, exc)
 
 
+class _Drain(BaseException):
+    """Private: what :func:`_clear` raises into its own thread and catches at once."""
+
+
+def _noop() -> None:
+    pass
+
+
 def _clear(ident: int) -> None:
-    _clear_async_exc(ident, None)
+    """Take back what was raised into thread ``ident`` -- always the calling thread (its
+    scope's exit, a shield, a checkpoint) -- and not consumed yet.
+
+    On 3.11, ``PyThreadState_SetAsyncExc(ident, NULL)`` leaves the interpreter-wide "async
+    exception pending" bit set when nothing was pending; stale, it keeps every thread's eval
+    breaker tripped, and a thread that is traced (the native engine's delivery hook, a
+    debugger) then spins at its next function entry. So there the pending exception is
+    replaced by :class:`_Drain` and consumed right here, which clears the bit."""
+    if sys.version_info >= (3, 12):
+        _clear_async_exc(ident, None)
+        return
+    consumed = False
+    try:
+        _set_async_exc(ident, _Drain)
+        _noop()  # its entry checks the eval breaker: _Drain surfaces here
+        _noop()
+    except _Drain:
+        consumed = True
+    if not consumed:  # pragma: no cover - never seen; do not leave it pending
+        _clear_async_exc(ident, None)
 
 
 class _ThreadState:
