@@ -15,8 +15,13 @@
  *     before it re-injects (tc_interrupt_in_flight).
  *   - PyThreadState.c_tracefunc / c_traceobj (3.11): the delivery hook, with
  *     the GIL, to chain to and restore the thread's own tracer.
+ *   - PyThreadState.cframe->current_frame (3.11, 3.12) / .current_frame
+ *     (3.13, 3.14), and PyFrameObject's f_frame: the scope, at entry, in its
+ *     own thread, and the hook, to know the with statement's frame without
+ *     making a frame object (an address compared, never dereferenced).
  * Private functions: _PyEval_Get/SetSwitchInterval and _PyEval_SetTrace
- * (3.11 only, see below).
+ * (3.11 only), _PyEval_RequestCodeExtraIndex / _PyCode_Get/SetExtra (3.11;
+ * PyUnstable_ from 3.12), see below.
  */
 #ifndef TC_COMPAT_H
 #define TC_COMPAT_H
@@ -298,6 +303,19 @@ static inline int tc_in_with_enter_gap(PyFrameObject *f)
     return 0;
 #endif
 }
+
+/* -- A per-code-object slot (co_extra) for the protection verdict ----------
+ * The API CPython gives tools to keep data on code objects: underscore names
+ * on 3.11, PyUnstable_ from 3.12 (the old names stay as aliases). */
+#if PY_VERSION_HEX >= 0x030C0000
+#define tc_request_code_extra PyUnstable_Eval_RequestCodeExtraIndex
+#define tc_code_get_extra PyUnstable_Code_GetExtra
+#define tc_code_set_extra PyUnstable_Code_SetExtra
+#else
+#define tc_request_code_extra _PyEval_RequestCodeExtraIndex
+#define tc_code_get_extra _PyCode_GetExtra
+#define tc_code_set_extra _PyCode_SetExtra
+#endif
 
 /* -- The with statement's frame, without making a frame object -------------
  * Safe delivery bounds its stack check by the frame whose with statement

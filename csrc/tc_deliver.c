@@ -43,9 +43,9 @@ enum { HOOK_NONE = 0, HOOK_TRACE = 1, HOOK_MONITORING = 2 };
 static int g_hook_mode = HOOK_NONE;  /* set by _setup_delivery              */
 static PyObject *g_prot_names;       /* tuple of str: protected modules     */
 static PyObject *g_prot_codes;       /* set of code objects, or NULL        */
-static PyObject *g_prot_cache;       /* dict: code -> True/False            */
+static Py_ssize_t g_extra = -1;      /* co_extra index of the verdict cache */
+static uintptr_t g_prot_gen = 1;     /* bumped when the protected set changes */
 static PyObject *g_name_key;         /* interned "__name__"                 */
-#define TC_PROT_CACHE_MAX 20000      /* entries before the cache is cleared */
 static PyObject *g_defer_report;     /* report(scope) at exit, or NULL      */
 static int64_t g_defer_cap_ns;       /* ... when deferred longer than this  */
 
@@ -66,16 +66,21 @@ static int name_protected(PyObject *name)
     return 0;
 }
 
-/* Does frame `f` run protected code?  Cached per code object. */
+/* Does frame `f` run protected code?  The verdict is cached on the code
+ * object itself, in a co_extra slot of ours (the per-code-object store
+ * CPython offers tools, tc_compat.h): (generation << 2) | 2 | verdict, so a
+ * change of the protected set (a new generation) invalidates every entry at
+ * once, and a lookup costs no hashing (a code object's hash covers its
+ * contents).  Without a slot (all 255 taken) every call decides afresh. */
 static int frame_protected(PyFrameObject *f)
 {
     PyCodeObject *code = PyFrame_GetCode(f);
-    PyObject *hit = PyDict_GetItemWithError(g_prot_cache, (PyObject *)code);
+    void *extra = NULL;
     int r = 0;
-    if (hit != NULL) {
-        r = hit == Py_True;
+    if (g_extra >= 0 && tc_code_get_extra((PyObject *)code, g_extra, &extra) == 0 &&
+        extra != NULL && ((uintptr_t)extra >> 2) == g_prot_gen) {
         Py_DECREF(code);
-        return r;
+        return (int)((uintptr_t)extra & 1);
     }
     PyErr_Clear();
     if (g_prot_codes != NULL && PySet_Contains(g_prot_codes, (PyObject *)code) == 1)
@@ -88,9 +93,8 @@ static int frame_protected(PyFrameObject *f)
         Py_XDECREF(globals);
     }
     PyErr_Clear();
-    if (PyDict_GET_SIZE(g_prot_cache) >= TC_PROT_CACHE_MAX)
-        PyDict_Clear(g_prot_cache);
-    if (PyDict_SetItem(g_prot_cache, (PyObject *)code, r ? Py_True : Py_False) < 0)
+    if (g_extra >= 0 &&
+        tc_code_set_extra((PyObject *)code, g_extra, (void *)((g_prot_gen << 2) | 2u | (uintptr_t)r)) < 0)
         PyErr_Clear();
     Py_DECREF(code);
     return r;
@@ -505,7 +509,18 @@ static int deliver_here(tc_slot *s, int back_edge)
         return 0; /* the shield's exit delivers */
     PyFrameObject *cur = PyEval_GetFrame(); /* borrowed */
     PyThreadState *me = PyThreadState_Get();
-    if (cur == NULL || tc_at_with_exit(cur) || tc_in_with_enter_gap(cur) ||
+    if (cur == NULL)
+        return 0;
+    /* Already deferred, and the innermost frame is protected (not the scope's
+     * own): wait.  The common case while deferred, and cheap; the walk below
+     * makes frame objects up the stack, so it runs once to say where, and
+     * when the innermost frame is unprotected. */
+    if (s->deferred_since != 0 && (scope == NULL || !is_scope_frame(cur, as_scope(scope))) &&
+        frame_protected(cur)) {
+        STAT_INC(hook_defers);
+        return 0;
+    }
+    if (tc_at_with_exit(cur) || tc_in_with_enter_gap(cur) ||
         (!back_edge && tc_uncovered_no_raise(cur, PyFrame_GetLasti(cur))))
         return 0; /* the next line boundary will do */
     if (tc_raising(me, g_interrupt) || tc_handling(me, g_interrupt))

@@ -274,8 +274,8 @@ static PyObject *mod_setup_delivery(PyObject *m, PyObject *unused)
         return PyUnicode_FromString(g_hook_mode == HOOK_TRACE ? "trace" : "monitoring");
     if (g_name_key == NULL && (g_name_key = PyUnicode_InternFromString("__name__")) == NULL)
         return NULL;
-    if (g_prot_cache == NULL && (g_prot_cache = PyDict_New()) == NULL)
-        return NULL;
+    if (g_extra < 0)
+        g_extra = tc_request_code_extra(NULL); /* -1: no cache, still correct */
     if (g_prot_names == NULL && (g_prot_names = PyTuple_New(0)) == NULL)
         return NULL;
     if (hook_setup() < 0)
@@ -301,8 +301,6 @@ static PyObject *mod_set_protection(PyObject *m, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "_set_protection(): codes must be a set or None");
         return NULL;
     }
-    if (g_prot_cache == NULL && (g_prot_cache = PyDict_New()) == NULL)
-        return NULL;
     Py_INCREF(names);
     Py_XSETREF(g_prot_names, names);
     if (codes == Py_None)
@@ -311,7 +309,7 @@ static PyObject *mod_set_protection(PyObject *m, PyObject *args)
         Py_INCREF(codes);
         Py_XSETREF(g_prot_codes, codes);
     }
-    PyDict_Clear(g_prot_cache);
+    g_prot_gen++; /* every cached verdict is stale now */
     Py_RETURN_NONE;
 }
 
