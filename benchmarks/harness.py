@@ -65,6 +65,7 @@ Progress = Callable[[str], None]
 NEVER = 10.0  # seconds: a limit that never fires (overhead, throughput)
 SLACK = 0.25  # seconds a workload runs on after its method should have fired
 HOGS = 3  # CPU-bound threads in the contention case
+HOGS_LEVELS = (1, 3, 7)  # ... and in the full plan's contention sweep
 POOL_WORKERS = 4
 TASK_S = 0.001  # the throughput task: time.sleep(1 ms)
 CHEAP_OPS = 1000  # empty blocks per overhead round
@@ -678,9 +679,10 @@ def overshoot_cases(plan: Plan) -> list[Case]:
                         continue  # the point (PEP 475) is made in a worker
                     cases.append(Case(m, w, thread, limit))
         if plan.contention and limit == plan.limits[0]:
-            for m in METHODS:
-                if not m.main_thread_only:
-                    cases.append(Case(m, CPU, "worker", limit, hogs=HOGS))
+            for hogs in HOGS_LEVELS:
+                for m in METHODS:
+                    if not m.main_thread_only:
+                        cases.append(Case(m, CPU, "worker", limit, hogs=hogs))
     return cases
 
 
@@ -891,6 +893,73 @@ def _pool_rate(m: Method, tasks: int) -> float:
         return tasks / (_perf() - t0)
 
 
+CPU_TASK_S = 0.002  # the CPU pool's task: a CPU loop this long ...
+CPU_FIRE_EVERY = 4  # ... and every this many tasks runs under a deadline half as long
+CPU_POOL_TASKS = 400  # per run
+
+
+def _spin_counting(seconds: float, cell: list[int]) -> None:
+    clock = _perf
+    end = clock() + seconds
+    for i in itertools.count():  # its own counter: cell gets this task's turns
+        if not i & 63:
+            cell[0] = i
+            if clock() >= end:
+                return
+
+
+def _cpu_pool_rate(guarded: bool, tasks: int) -> float:
+    """Loop turns per second of a pool of POOL_WORKERS running ``tasks`` CPU-bound tasks of
+    CPU_TASK_S each; ``guarded``: every task under a deadline, and every CPU_FIRE_EVERY-th
+    one's fires half-way (the task stops there; the rate counts the turns it did)."""
+
+    def task(k: int) -> int:
+        cell = [0]
+        if not guarded:
+            _spin_counting(CPU_TASK_S, cell)
+            return cell[0]
+        limit = CPU_TASK_S / 2 if k % CPU_FIRE_EVERY == 0 else NEVER
+        try:
+            with thread_deadline(limit):
+                _spin_counting(CPU_TASK_S, cell)
+        except DeadlineExceeded:
+            pass
+        return cell[0]
+
+    with ThreadPoolExecutor(max_workers=POOL_WORKERS, thread_name_prefix="bench") as pool:
+        for f in [pool.submit(task, 1) for _ in range(POOL_WORKERS)]:  # warm-up
+            f.result()
+        t0 = _perf()
+        turns = sum(f.result() for f in [pool.submit(task, k) for k in range(tasks)])
+        return turns / (_perf() - t0)
+
+
+def run_cpu_pool(plan: Plan, progress: Optional[Progress] = None) -> dict[str, Any]:
+    """The pool-throughput case under frequent deadlines: CPU work per second of 4
+    CPU-bound workers without deadlines and with every 4th task's deadline firing, runs
+    alternated, medians compared (what the fast window's GIL switches cost)."""
+    plain: list[float] = []
+    guarded: list[float] = []
+    for rep in range(plan.throughput_reps):
+        if progress:
+            progress(f"CPU pool under deadlines: run {rep + 1} of {plan.throughput_reps}")
+        order = (False, True) if rep % 2 == 0 else (True, False)
+        for g in order:
+            (guarded if g else plain).append(_cpu_pool_rate(g, CPU_POOL_TASKS))
+    base, with_deadlines = statistics.median(plain), statistics.median(guarded)
+    return {
+        "workers": POOL_WORKERS,
+        "task_s": CPU_TASK_S,
+        "fire_every": CPU_FIRE_EVERY,
+        "tasks_per_run": CPU_POOL_TASKS,
+        "plain_turns_per_s": round(base),
+        "deadlines_turns_per_s": round(with_deadlines),
+        "x_no_deadline": round(with_deadlines / base, 3),
+        "runs_plain": [round(x) for x in plain],
+        "runs_deadlines": [round(x) for x in guarded],
+    }
+
+
 def _settle_threads(timeout: float = 2.0) -> None:
     """Wait (briefly) for threads that are on their way out, e.g. cancelled timers."""
     end = _perf() + timeout
@@ -1014,6 +1083,7 @@ def run(plan: Plan, progress: Optional[Progress] = None) -> dict[str, Any]:
         counter.step(case.title)
         overshoot.append(run_case(case, plan))
     throughput = run_throughput(plan, progress)
+    cpu_pool = run_cpu_pool(plan, progress)
     return {
         "schema": "timeoutcore-bench/1",
         "mode": plan.name,
@@ -1031,6 +1101,7 @@ def run(plan: Plan, progress: Optional[Progress] = None) -> dict[str, Any]:
         "overhead": overhead,
         "overshoot": overshoot,
         "throughput": throughput,
+        "cpu_pool": cpu_pool,
         "elapsed_s": round(_perf() - t0, 1),
     }
 
@@ -1181,6 +1252,12 @@ def render(results: dict[str, Any]) -> str:
     out += [""]
     out += _table([f"thread pool, {POOL_WORKERS} workers, {TASK_S * 1e3:g} ms tasks (time.sleep)",
                    "tasks/s", "x no deadline"], rows, [False, True, True])
+    cp = results.get("cpu_pool")
+    if cp:
+        out += ["", f"CPU-bound pool, {cp['workers']} workers, {cp['task_s'] * 1e3:g} ms tasks, "
+                f"every {cp['fire_every']}th task's deadline fires: "
+                f"{cp['deadlines_turns_per_s']:,} loop turns/s against {cp['plain_turns_per_s']:,} "
+                f"without deadlines ({cp['x_no_deadline']:.3f}x)"]
     if notes.texts:
         out += ["", *notes.lines()]
     return "\n".join(out) + "\n"

@@ -19,6 +19,8 @@
  *     (3.13, 3.14), and PyFrameObject's f_frame: the scope, at entry, in its
  *     own thread, and the hook, to know the with statement's frame without
  *     making a frame object (an address compared, never dereferenced).
+ *   - the interpreter's GIL switch interval (3.12+, via tc_gil.c): the
+ *     watchdog, without the GIL (see "the fast window" below).
  * Private functions: _PyEval_Get/SetSwitchInterval and _PyEval_SetTrace
  * (3.11 only), _PyEval_RequestCodeExtraIndex / _PyCode_Get/SetExtra (3.11;
  * PyUnstable_ from 3.12), see below.
@@ -43,32 +45,61 @@
 #define TC_TRACK_FRAMES 0
 #endif
 
-/* -- Lowering the switch interval while the watchdog waits (3.11 only) -------
- * Up to 3.11 the switch interval is runtime-global state that
- * _PyEval_SetSwitchInterval changes without a thread state; the watchdog
- * lowers it to TC_FAST_SWITCH_US while it waits for the GIL and puts the
- * user's value back once it holds it (tc_watchdog.c: gil_take).  From 3.12
- * the GIL and its interval are per interpreter (PEP 684) and the setter
- * needs a current thread state (a first try without one crashed), so there
- * the user's own sys.setswitchinterval() is the knob. */
+/* -- Lowering the switch interval: the fast window --------------------------
+ * The watchdog lowers the GIL switch interval to TC_FAST_SWITCH_US while a
+ * deadline is due or a fired interrupt is on its way (tc_watchdog.c), and
+ * puts the user's value back after.  Where the value lives:
+ *   3.11: runtime-global; _PyEval_Get/SetSwitchInterval work from any
+ *     thread, without a thread state.
+ *   3.12+: per interpreter, in its GIL state (PEP 684), and those functions
+ *     need a current thread state (a first try without one crashed): the
+ *     address of the field is taken once at import, with the GIL, by
+ *     tc_gil.c -- the one unit built with CPython's internal headers -- and
+ *     read and written here with relaxed atomics (CPython itself reads it
+ *     without a lock).  No address (a build without a GIL): no window. */
 #if PY_VERSION_HEX < 0x030C0000
-#define TC_LOWER_SWITCH 1
+#define TC_SWITCH_BY_ADDRESS 0
 #else
-#define TC_LOWER_SWITCH 0
+#define TC_SWITCH_BY_ADDRESS 1
+unsigned long *tc_gil_interval_addr(void); /* tc_gil.c */
+static unsigned long *g_interval_addr;     /* set by tc_switch_setup        */
 #endif
 
-static inline int tc_lower_switch_supported(void) { return TC_LOWER_SWITCH; }
+/* At import, with the GIL. */
+static inline void tc_switch_setup(void)
+{
+#if TC_SWITCH_BY_ADDRESS
+    g_interval_addr = tc_gil_interval_addr();
+#endif
+}
 
-#if TC_LOWER_SWITCH
-static inline unsigned long tc_switch_interval_us(void) { return _PyEval_GetSwitchInterval(); }
+static inline int tc_lower_switch_supported(void)
+{
+#if TC_SWITCH_BY_ADDRESS
+    return g_interval_addr != NULL;
+#else
+    return 1;
+#endif
+}
+
+static inline unsigned long tc_switch_interval_us(void)
+{
+#if TC_SWITCH_BY_ADDRESS
+    return g_interval_addr != NULL ? __atomic_load_n(g_interval_addr, __ATOMIC_RELAXED) : 0;
+#else
+    return _PyEval_GetSwitchInterval();
+#endif
+}
+
 static inline void tc_set_switch_interval_us(unsigned long us)
 {
-    _PyEval_SetSwitchInterval(us);
-}
+#if TC_SWITCH_BY_ADDRESS
+    if (g_interval_addr != NULL)
+        __atomic_store_n(g_interval_addr, us, __ATOMIC_RELAXED);
 #else
-static inline unsigned long tc_switch_interval_us(void) { return 0; }
-static inline void tc_set_switch_interval_us(unsigned long us) { (void)us; }
+    _PyEval_SetSwitchInterval(us);
 #endif
+}
 
 /* -- The exception a thread is raising right now ------------------------------
  * 3.12 keeps the raised exception as one object, tstate->current_exception

@@ -42,8 +42,14 @@
  * plus a margin.  Defaults until the first sys.getswitchinterval() read. */
 #define TC_SWITCH_DEFAULT_NS 5000000LL      /* CPython's default 5 ms        */
 #define TC_LEAD_MARGIN_NS 1000000LL         /* lead = switch + 1 ms          */
-#define TC_FAST_SWITCH_US 200UL             /* 3.11: interval while waiting  */
-#define TC_LEAD_MARGIN_FAST_NS 300000LL     /* 3.11: lead = 200 us + 300 us  */
+#define TC_FAST_SWITCH_US 200UL             /* the fast window's interval    */
+#define TC_LEAD_MARGIN_FAST_NS 300000LL     /* with it: lead = 200 + 300 us  */
+/* How long after a fire the fast window stays open for an interrupt that has
+ * not been claimed: a delivery takes well under a millisecond once the
+ * thread runs; one that waits longer is deferred in protected code or
+ * blocked, and the whole process should not pay for faster GIL switches
+ * meanwhile. */
+#define TC_FAST_HOLD_NS 20000000LL
 
 /* Requeue: when the GIL came in less than half a switch interval, the body
  * releases it often (I/O-ish); if the deadline is still more than
@@ -92,6 +98,8 @@ typedef struct tc_slot {
     _Atomic uint64_t gen;          /* bumped on every change of the above  */
     _Atomic int state;             /* SLOT_*                               */
     _Atomic int64_t reinject_at;   /* next re-injection when INJECTED      */
+    _Atomic int64_t fast_until;    /* fired: the fast window holds for it
+                                      until then (0: not, or claimed)      */
     int64_t reinject_step;         /* GIL                                  */
 
     /* Owner thread only (GIL); read by the watchdog. */

@@ -473,6 +473,7 @@ static int export_locked(const char *modname)
             return -1;
         }
     }
+    tc_switch_setup(); /* where the switch interval lives (tc_compat.h) */
     g_moddef.m_name = modname;
     mod = PyModule_Create(&g_moddef);
     if (mod == NULL)

@@ -354,6 +354,8 @@ static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (s->fired == self) {
         claimed = 1;
         slot_claim(s);
+        if (atomic_load(&g_fast_flag))
+            wd_wake(); /* it closes the fast window */
     }
     else if (atomic_load(&s->state) == SLOT_INJECTED && s->fired == NULL) {
         atomic_store(&s->state, SLOT_IDLE); /* a shielded or stale leftover */

@@ -148,8 +148,10 @@ static int slot_fire(tc_slot *s, int64_t now, int local)
     STAT_INC(fires);
     if (local)
         slot_raise_here(s);
-    else
+    else {
+        atomic_store(&s->fast_until, now + TC_FAST_HOLD_NS); /* tc_watchdog.c */
         slot_inject(s, g_interrupt, s->fired);
+    }
     return 1;
 }
 
@@ -184,6 +186,7 @@ static void slot_reinject(tc_slot *s, int64_t now)
 
 static void slot_claim(tc_slot *s)
 {
+    atomic_store(&s->fast_until, 0);
     s->fired = NULL;
     atomic_store(&s->state, SLOT_IDLE);
     slot_take_back(s);

@@ -56,16 +56,23 @@ static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadl
     return TC_NEVER;
 }
 
-/* Earliest thing to do.  Holds g_mu briefly, never the GIL. */
-static wd_event wd_plan(void)
+/* Earliest thing to do, and in *fast_until the latest moment a fired,
+ * unclaimed interrupt keeps the fast window open (0: none).  Holds g_mu
+ * briefly, never the GIL. */
+static wd_event wd_plan(int64_t *fast_until)
 {
     wd_event ev = {NULL, 0, TC_NEVER, TC_NEVER};
     int64_t lead = atomic_load(&g_lead);
+    *fast_until = 0;
     pthread_mutex_lock(&g_mu);
     for (tc_slot *s = g_slots; s != NULL; s = s->next) {
         int st;
-        int64_t d, at;
-        if (!s->alive || atomic_load(&s->shield) > 0)
+        int64_t d, at, fu;
+        if (!s->alive)
+            continue;
+        if (atomic_load(&s->state) == SLOT_INJECTED && (fu = atomic_load(&s->fast_until)) > *fast_until)
+            *fast_until = fu;
+        if (atomic_load(&s->shield) > 0)
             continue;
         uint64_t gen = atomic_load(&s->gen);
         at = slot_due_at(s, lead, &st, &d);
@@ -151,7 +158,9 @@ static void refresh_switch_interval(void)
     if (!(v > 0 && v < 10.0))
         return;
     int64_t sw = (int64_t)(v * 1e9), margin = TC_LEAD_MARGIN_NS;
-    if (tc_lower_switch_supported() && sw > (int64_t)TC_FAST_SWITCH_US * 1000) {
+    /* Inside the fast window the value read is ours; in whole microseconds
+     * (the float of 200 us converts to 199999 ns). */
+    if (tc_lower_switch_supported() && (unsigned long)((sw + 500) / 1000) >= TC_FAST_SWITCH_US) {
         sw = (int64_t)TC_FAST_SWITCH_US * 1000; /* what gil_take() waits */
         margin = TC_LEAD_MARGIN_FAST_NS;
     }
@@ -159,20 +168,54 @@ static void refresh_switch_interval(void)
     atomic_store(&g_switch, sw);
 }
 
-/* Take the GIL with the watchdog's thread state.  On 3.11 the switch
- * interval is lowered while it waits (see tc_compat.h), so the holder is
- * asked to drop the GIL after 200 us instead of 5 ms and other CPU-bound
- * threads cannot keep it queued for whole turns; the user's value is put
- * back once the GIL is held, unless they changed it meanwhile. */
+/* -- The fast window ---------------------------------------------------------
+ * With other CPU-bound threads, a thread gets the GIL once its holder has
+ * been asked to drop it, one switch interval after a waiter started waiting
+ * (5 ms by default), and then only if the OS picks it among the waiters: a
+ * deadline in a busy pool lands tens of ms late (measured on 3.12: p50 37,
+ * p99 119 ms with 3 spinning threads).  So from the moment the watchdog
+ * starts asking for the GIL for a deadline (`lead` before it) until the
+ * fired interrupt is claimed at the scope's exit -- or TC_FAST_HOLD_NS after
+ * the fire, if the thread is blocked or deferred in protected code -- the
+ * switch interval is TC_FAST_SWITCH_US: the watchdog, then the guarded
+ * thread, each get the GIL within a few fractions of a millisecond.  Outside
+ * the window the user's value is back (unless they set one meanwhile: then
+ * theirs stays), and it is put back when the watchdog stops (exit, fork).
+ * Cost: more GIL switches for the whole process while a window is open
+ * (benchmarks/bench_contention.py: pool throughput).  Watchdog thread only;
+ * g_fast_flag lets a claiming scope wake it to close the window at once. */
+static int g_fast_on;               /* watchdog thread only                */
+static unsigned long g_fast_saved;  /* the interval to put back            */
+static _Atomic int g_fast_flag;     /* g_fast_on, for other threads        */
+
+static void fast_enter(void)
+{
+    unsigned long cur;
+    if (g_fast_on || !tc_lower_switch_supported())
+        return;
+    if ((cur = tc_switch_interval_us()) <= TC_FAST_SWITCH_US)
+        return; /* the user runs a short interval already */
+    g_fast_saved = cur;
+    tc_set_switch_interval_us(TC_FAST_SWITCH_US);
+    g_fast_on = 1;
+    atomic_store(&g_fast_flag, 1);
+}
+
+static void fast_leave(void)
+{
+    if (!g_fast_on)
+        return;
+    if (tc_switch_interval_us() == TC_FAST_SWITCH_US)
+        tc_set_switch_interval_us(g_fast_saved);
+    g_fast_on = 0;
+    atomic_store(&g_fast_flag, 0);
+}
+
+/* Take the GIL with the watchdog's thread state, inside the fast window. */
 static void gil_take(PyThreadState *ts)
 {
-    unsigned long saved = tc_switch_interval_us();
-    int lowered = tc_lower_switch_supported() && saved > TC_FAST_SWITCH_US;
-    if (lowered)
-        tc_set_switch_interval_us(TC_FAST_SWITCH_US);
+    fast_enter();
     PyEval_RestoreThread(ts);
-    if (lowered && tc_switch_interval_us() == TC_FAST_SWITCH_US)
-        tc_set_switch_interval_us(saved);
     STAT_INC(gil_takes);
 }
 
@@ -189,32 +232,46 @@ static void *wd_main(void *arg)
     ts = PyEval_SaveThread();
 
     for (;;) {
+        int64_t fast_until, fu2;
         if (atomic_load(&g_wd_stop)) {
+            fast_leave();
             PyEval_RestoreThread(ts);
             break;
         }
         uint32_t seen = atomic_load(&g_wd_seq);
-        wd_event ev = wd_plan();
+        wd_event ev = wd_plan(&fast_until);
         atomic_store(&g_wd_planned, ev.at);
         /* Dekker with wd_notify: a deadline stored before our store above
          * is seen by this second look; one stored after sees our plan. */
-        wd_event ev2 = wd_plan();
+        wd_event ev2 = wd_plan(&fu2);
         if (ev2.at < ev.at) {
             ev = ev2;
             atomic_store(&g_wd_planned, ev.at);
         }
+        if (fu2 > fast_until)
+            fast_until = fu2;
         int64_t t0 = now_ns();
         if (ev.at > t0) {
+            int64_t wake = ev.at;
+            if (fast_until > t0) { /* an interrupt on its way: keep it open */
+                fast_enter();
+                if (fast_until < wake)
+                    wake = fast_until;
+            }
+            else
+                fast_leave();
             STAT_INC(watchdog_wakeups);
-            (void)futex_wait_until(&g_wd_seq, seen, ev.at); /* any return: plan again */
+            (void)futex_wait_until(&g_wd_seq, seen, wake); /* any return: plan again */
             continue;
         }
         if (atomic_load(&ev.slot->gen) != ev.gen)
             continue; /* it changed while we looked: plan again */
 
         gil_take(ts);
-        if (atomic_load(&g_wd_stop))
+        if (atomic_load(&g_wd_stop)) {
+            fast_leave();
             break;
+        }
         int64_t t1 = now_ns();
         if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
             if (t1 - t0 < atomic_load(&g_switch) / 2 && ev.deadline - t1 > TC_REQUEUE_MIN_LEFT_NS) {
@@ -225,8 +282,10 @@ static void *wd_main(void *arg)
                 ts = PyEval_SaveThread();
                 sleep_until(ev.deadline - TC_REQUEUE_EARLY_NS);
                 gil_take(ts);
-                if (atomic_load(&g_wd_stop))
+                if (atomic_load(&g_wd_stop)) {
+                    fast_leave();
                     break;
+                }
             }
             /* Hold the GIL up to the deadline: the body cannot run now, so
              * the interrupt lands when it resumes. */

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Callable
 
 import pytest
 
@@ -22,15 +23,14 @@ def _core():  # type: ignore[no-untyped-def]
 
 def _expected_anticipation() -> tuple[float, float]:
     interval = sys.getswitchinterval()
-    if sys.version_info < (3, 12):
-        return min(interval, 200e-6) + 300e-6, min(interval, 200e-6)
-    return interval + 1e-3, interval
+    return min(interval, 200e-6) + 300e-6, min(interval, 200e-6)
 
 
 def test_anticipation_follows_the_switch_interval() -> None:
-    """The watchdog asks for the GIL one switch interval + a margin early. On 3.11 it
-    lowers the interval to 200 us while it waits, so it asks only 0.5 ms early (this
-    branch was once compiled out by a macro tested before its definition)."""
+    """The watchdog asks for the GIL one switch interval + a margin early. It lowers the
+    interval to 200 us while it waits (the fast window, every CPython with a GIL), so it
+    asks only 0.5 ms early (this branch was once compiled out by a macro tested before
+    its definition)."""
     # The watchdog re-reads the interval each time it has acted; a deadline the thread
     # raised by itself (the watchdog late on a loaded machine) may leave the previous
     # reading for a moment, so look again after a few more fires. A wrong formula never
@@ -70,3 +70,154 @@ def test_every_thread_due_at_once_is_stopped() -> None:
     for t in threads:
         t.join(30)
     assert [outcome.get(i) for i in range(n)] == ["stopped"] * n
+
+
+# -- the fast window: a lowered switch interval only while a deadline is due ------------------
+
+
+def _interval_seen_during(body: "Callable[[], None]") -> tuple[set[float], float]:
+    """Run ``body`` in a worker while this thread samples sys.getswitchinterval(); returns
+    the values seen and the value a little after the worker ended."""
+    seen: set[float] = set()
+    done = threading.Event()
+
+    def worker() -> None:
+        try:
+            body()
+        finally:
+            done.set()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    while not done.is_set():
+        seen.add(sys.getswitchinterval())
+        time.sleep(0)
+    t.join()
+    end = time.monotonic() + 2
+    while sys.getswitchinterval() != seen_user and time.monotonic() < end:  # closing is async
+        time.sleep(0.001)
+    return seen, sys.getswitchinterval()
+
+
+seen_user = 0.005
+
+
+def _spin_past_deadline() -> None:
+    with pytest.raises(DeadlineExceeded):
+        with timeoutcore.thread_deadline(0.03):
+            while True:
+                pass
+
+
+def test_the_switch_interval_is_lowered_while_a_deadline_is_due_and_put_back() -> None:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seen_user)
+    try:
+        seen, after = _interval_seen_during(_spin_past_deadline)
+    finally:
+        sys.setswitchinterval(before)
+    assert any(abs(v - 200e-6) < 1e-9 for v in seen), seen  # broken: it never moves
+    assert after == pytest.approx(seen_user)
+
+
+def test_a_switch_interval_set_during_the_window_is_kept() -> None:
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        def body() -> None:
+            with pytest.raises(DeadlineExceeded):
+                with timeoutcore.thread_deadline(0.03):
+                    while sys.getswitchinterval() > 0.001:  # until the window opens
+                        pass
+                    sys.setswitchinterval(0.003)  # the user's own, meanwhile
+                    while True:
+                        pass
+
+        t = threading.Thread(target=body)
+        t.start()
+        t.join(5)
+        time.sleep(0.05)
+        assert sys.getswitchinterval() == pytest.approx(0.003)
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_no_window_stays_open_without_deadlines() -> None:
+    """A block that ends before its deadline leaves the interval alone, and so does a
+    thread that is blocked in protected code after its deadline fired: the window closes
+    TC_FAST_HOLD_NS (20 ms) after the fire."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    lock = threading.Lock()
+    try:
+        with timeoutcore.thread_deadline(10):
+            pass
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+
+        @timeoutcore.protected
+        def stuck() -> None:
+            with lock:  # held by this test for 0.3 s: the interrupt waits
+                pass
+
+        lock.acquire()
+        result: list[float] = []
+
+        def body() -> None:
+            with pytest.raises(DeadlineExceeded):
+                with timeoutcore.thread_deadline(0.01):
+                    stuck()
+                    while True:
+                        pass
+
+        t = threading.Thread(target=body)
+        t.start()
+        time.sleep(0.2)  # fired at 10 ms, still held: the window closed at ~30 ms
+        result.append(sys.getswitchinterval())
+        lock.release()
+        t.join(5)
+        assert result == [pytest.approx(0.005)]
+    finally:
+        if lock.locked():
+            lock.release()
+        sys.setswitchinterval(before)
+
+
+FORK_IN_WINDOW = r"""
+import os, sys, threading, time, timeoutcore
+sys.setswitchinterval(0.005)
+lock = threading.Lock(); lock.acquire()
+@timeoutcore.protected
+def stuck():
+    with lock:
+        pass
+def body():
+    try:
+        with timeoutcore.thread_deadline(0.01):
+            stuck()
+            while True:
+                pass
+    except timeoutcore.DeadlineExceeded:
+        pass
+t = threading.Thread(target=body); t.start()
+time.sleep(0.015)  # fired at 10 ms, held in protected code: the window is open
+opened = sys.getswitchinterval()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, repr(sys.getswitchinterval()).encode()); os._exit(0)
+os.waitpid(pid, 0)
+child = float(os.read(r, 100))
+lock.release(); t.join()
+print(opened, child)
+"""
+
+
+def test_a_child_forked_inside_the_window_gets_the_users_interval() -> None:
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", FORK_IN_WINDOW], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    opened, child = (float(x) for x in p.stdout.split())
+    assert opened == pytest.approx(200e-6)  # the window was open in the parent
+    assert child == pytest.approx(0.005)  # the watchdog closed it before the fork

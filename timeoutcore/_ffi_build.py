@@ -1,8 +1,9 @@
 """cffi (API mode) build script: reads the real C files in ``csrc/``; nothing else.
 
 ``setup.py`` names it in ``cffi_modules``; the extension is ``timeoutcore._timeoutcore``.
-The core is a unity build: ``csrc/timeoutcore.c`` is the one compiled unit and includes
-the parts (``tc_*.c``), so they are listed as dependencies, not as sources.
+The core is a unity build: ``csrc/timeoutcore.c`` is the compiled unit that includes the
+parts (``tc_*.c``), listed as dependencies, not as sources; beside it ``csrc/tc_gil.c``
+is compiled on its own, with ``Py_BUILD_CORE`` (CPython's internal headers).
 
 Warnings: ``-Wall -Wextra -Wundef`` always; ``TIMEOUTCORE_WERROR=1`` (set by CI and nox)
 turns them into errors, so a warning fails the build where we test, never on a user's
@@ -28,7 +29,9 @@ ffibuilder.cdef(_HEADER.split("/* cdef-begin")[1].split("*/", 1)[1].split("/* cd
 ffibuilder.set_source(
     "timeoutcore._timeoutcore",
     '#include "timeoutcore.h"\n',
-    sources=["csrc/timeoutcore.c"],  # relative to setup.py, as setuptools requires
+    # relative to setup.py, as setuptools requires; tc_gil.c is the one unit built with
+    # CPython's internal headers (where 3.12+ keeps the switch interval)
+    sources=["csrc/timeoutcore.c", "csrc/tc_gil.c"],
     depends=sorted(f"csrc/{p.name}" for p in _CSRC.iterdir() if p.suffix in (".c", ".h")),
     include_dirs=["csrc"],
     extra_compile_args=_FLAGS,

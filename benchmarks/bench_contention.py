@@ -1,0 +1,69 @@
+"""A busy pool: how late a deadline lands when other threads run CPU-bound Python, and
+what the fast window (csrc/tc_watchdog.c) costs the pool.
+
+- ``test_contention_overshoot``: a 50 ms deadline on a CPU loop in a pool worker while 1,
+  3 or 7 other threads spin in Python, for timeoutcore, the ``threading.Timer`` +
+  ``PyThreadState_SetAsyncExc`` recipe and the installed peers, in one session (the
+  harness's contention cases; ``python -m timeoutcore bench`` shows the same rows).
+  ``extra_info``: p50/p90/p99/max ms, and the core's counters for timeoutcore.
+- ``test_cpu_pool_under_deadlines``: loop turns per second of 4 CPU-bound workers without
+  deadlines and with every task under one, every 4th firing half-way; runs alternated,
+  ``extra_info['x_no_deadline']`` is the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
+
+import harness as bench
+
+from timeoutcore import ENGINE
+
+LIMIT = 0.05
+PLAN = replace(bench.FULL, limits=(LIMIT,), trials=100, slow_trials=3)
+CASES = [bench.Case(m, bench.CPU, "worker", LIMIT, hogs=h)
+         for h in bench.HOGS_LEVELS for m in bench.METHODS if not m.main_thread_only]
+
+pytestmark = pytest.mark.benchmark(group="contention")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_contention_overshoot(benchmark: BenchmarkFixture, case: bench.Case) -> None:
+    missing = case.method.missing()
+    if missing is not None:
+        pytest.skip(missing)
+    info = benchmark.extra_info
+    info.update(case=case.title, python=sys.version.split()[0], hogs=case.hogs)
+    before = after = {}
+    if case.method is bench.TIMEOUTCORE and ENGINE == "native":
+        from timeoutcore import _native
+
+        before = _native.stats()
+    row = benchmark.pedantic(  # type: ignore[no-untyped-call]
+        bench.run_case, args=(case, PLAN), rounds=1, iterations=1
+    )
+    info.update(trials=row["trials"], stopped=row["stopped"],
+                **{k: row[k] for k in ("p50_ms", "p90_ms", "p99_ms", "max_ms")})
+    if before:
+        from timeoutcore import _native
+
+        after = _native.stats()
+        info["gil_takes"] = after["gil_takes"] - before["gil_takes"]
+    if case.method is bench.TIMEOUTCORE:
+        assert row["stopped"] == row["trials"], row
+
+
+def test_cpu_pool_under_deadlines(benchmark: BenchmarkFixture) -> None:
+    plan = replace(bench.FULL, throughput_reps=5)
+    res = benchmark.pedantic(  # type: ignore[no-untyped-call]
+        bench.run_cpu_pool, args=(plan,), rounds=1, iterations=1
+    )
+    benchmark.extra_info.update(
+        case=f"CPU pool, {res['workers']} workers, every {res['fire_every']}th deadline fires",
+        note=f"{res['x_no_deadline']:.3f}x the turns/s without deadlines",
+        **res,
+    )
