@@ -531,6 +531,8 @@ void tc_get_stats(struct tc_stats *o)
     o->hook_calls = atomic_load(&g_st.hook_calls);
     o->backstops = atomic_load(&g_st.backstops);
     o->async_fallbacks = atomic_load(&g_st.async_fallbacks);
+    o->fast_windows = atomic_load(&g_st.fast_windows);
+    o->fast_ns = atomic_load(&g_st.fast_ns);
 }
 
 int tc_signal_number(void) { return g_signo; }

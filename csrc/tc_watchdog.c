@@ -186,6 +186,7 @@ static void refresh_switch_interval(void)
  * g_fast_flag lets a claiming scope wake it to close the window at once. */
 static int g_fast_on;               /* watchdog thread only                */
 static unsigned long g_fast_saved;  /* the interval to put back            */
+static int64_t g_fast_since;        /* when it was lowered                 */
 static _Atomic int g_fast_flag;     /* g_fast_on, for other threads        */
 
 static void fast_enter(void)
@@ -198,6 +199,8 @@ static void fast_enter(void)
     g_fast_saved = cur;
     tc_set_switch_interval_us(TC_FAST_SWITCH_US);
     g_fast_on = 1;
+    g_fast_since = now_ns();
+    STAT_INC(fast_windows);
     atomic_store(&g_fast_flag, 1);
 }
 
@@ -208,6 +211,8 @@ static void fast_leave(void)
     if (tc_switch_interval_us() == TC_FAST_SWITCH_US)
         tc_set_switch_interval_us(g_fast_saved);
     g_fast_on = 0;
+    atomic_fetch_add_explicit(&g_st.fast_ns, (uint64_t)(now_ns() - g_fast_since),
+                              memory_order_relaxed);
     atomic_store(&g_fast_flag, 0);
 }
 

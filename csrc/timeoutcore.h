@@ -8,22 +8,30 @@
  *   SIGEV_THREAD_ID -> that thread, a real-time signal).  Entering a scope
  *   stores the deadline in the slot (no system call); one *watchdog* pthread
  *   keeps its own schedule of every armed slot, so a thread that blocks the
- *   signal is still stopped.  Shortly before a deadline the watchdog asks for
- *   the GIL (anticipation: one switch interval + a margin, with "requeue"
- *   when the GIL came easily), at the deadline it raises the internal
- *   interrupt in the guarded thread with PyThreadState_SetAsyncExc, and only
- *   then fires that thread's timer so the signal knocks a blocking system
- *   call loose ("inject first, then kick").  It re-injects while the body
- *   swallows the interrupt.  The scope that fired claims the interrupt at its
- *   exit and raises DeadlineExceeded.  Where: tc_watchdog.c decides when,
- *   tc_slot.c delivers (its header lists the steps), tc_scope.c makes the
- *   exception.
+ *   signal is still stopped.  Shortly before a deadline the watchdog lowers
+ *   the GIL switch interval (the fast window, until the interrupt is claimed)
+ *   and asks for the GIL (anticipation: the lowered interval + a margin, with
+ *   "requeue" when the GIL came easily); at the deadline it makes the
+ *   internal interrupt *pending* in the slot and arms a hook that runs in the
+ *   guarded thread at its next line boundary, where it raises only outside
+ *   protected code (safe delivery; nothing is raised with
+ *   PyThreadState_SetAsyncExc while the hook works), and only then fires that
+ *   thread's timer so the signal knocks a blocking system call loose
+ *   ("inject first, then kick").  It sends again while the body swallows the
+ *   interrupt.  The scope that fired claims the interrupt at its exit and
+ *   raises DeadlineExceeded.  Where: tc_watchdog.c decides when, tc_slot.c
+ *   runs the delivery steps (its header lists them), tc_deliver.c decides
+ *   where the interrupt surfaces, tc_scope.c makes the exception, tc_gil.c
+ *   (its own unit, CPython's internal headers) finds the switch interval.
  *
  * THE PYTHON-FACING MODULE (built by tc_export, e.g. "timeoutcore._core")
  *   Types Scope (thread_deadline's base) and Shield; functions sleep,
  *   checkpoint, remaining, current_deadline, current_scope, shield; private
  *   _setup, _set_default_hook, _raise_in_scope, _shutdown, _watchdog_running,
- *   _ensure_watchdog.  Precondition: _setup(interrupt_class, exceeded_class)
+ *   _ensure_watchdog, _anticipation, and for safe delivery _setup_delivery
+ *   (once, arms the hook machinery: a tracer on 3.11, a sys.monitoring tool
+ *   on 3.12+), _set_protection(names, codes), _set_deferral_report(fn, cap),
+ *   _delivery_mode.  Precondition: _setup(interrupt_class, exceeded_class)
  *   is called once, before any scope or shield is entered (entering one
  *   before raises RuntimeError).
  *   Hook protocol: a scope may carry hook(scope, event, exc).  "enter" is
@@ -54,6 +62,10 @@
  *   - The watchdog never holds the registry mutex (g_mu) while it waits for
  *     the GIL; it may take g_mu while holding the GIL.  The thread-exit
  *     destructor takes only g_mu, never the GIL.
+ *   - The delivery hook (tc_deliver.c) runs in the guarded thread, with the
+ *     GIL, from a trace or monitoring callback; it reads the slot's pending
+ *     fields, which only GIL holders write.  The watchdog arms it with the
+ *     GIL; it writes the switch interval (fast window) without the GIL.
  *   - The functions declared below (the cffi `lib`) are called by cffi
  *     WITHOUT the GIL, from any thread; tc_export() takes the GIL itself.
  *
@@ -83,7 +95,13 @@
  *     _ensure_watchdog() after fork, in parent and child, where a live slot
  *     has a deadline;
  *   - signal handler: installed once; refused (never clobbered) if someone
- *     else already handles the chosen signal (env TIMEOUTCORE_SIGNAL).
+ *     else already handles the chosen signal (env TIMEOUTCORE_SIGNAL);
+ *   - the lowered switch interval: the watchdog's; put back when no deadline
+ *     is due and no fired interrupt is waiting (at most TC_FAST_HOLD_NS after
+ *     a fire), and when the watchdog stops (exit, before fork);
+ *   - the delivery hook: armed per pending delivery, disarmed when it raises
+ *     or the delivery is taken back (block exit, shield); sys.monitoring
+ *     events are switched off when no delivery is pending.
  */
 #ifndef TIMEOUTCORE_H
 #define TIMEOUTCORE_H
@@ -109,6 +127,8 @@ struct tc_stats {
     uint64_t hook_calls;       /* hook calls with something pending         */
     uint64_t backstops;        /* watchdog nudges of a still-pending hook   */
     uint64_t async_fallbacks;  /* raised asynchronously without a hook      */
+    uint64_t fast_windows;     /* times the switch interval was lowered     */
+    uint64_t fast_ns;          /* ... and the time it stayed lowered (ns)   */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

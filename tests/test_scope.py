@@ -437,7 +437,7 @@ def test_checkpoint_raises_only_past_the_deadline(api: Any, where: Any) -> None:
 
 
 def test_users_switch_interval_is_left_as_it_was() -> None:
-    # the watchdog may lower the switch interval while it waits for the GIL (3.11);
+    # the watchdog lowers the switch interval while a deadline is due (the fast window);
     # the user's setting must be back afterwards
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.002)
