@@ -163,6 +163,23 @@ static inline PyThreadState *tc_find_tstate(unsigned long ident)
 #define TC_HOOK_TRACE 0
 #endif
 
+/* -- Raising from a sys.monitoring JUMP callback ------------------------------
+ * 3.12's instrumented jumps handle an error from the JUMP callback at a wrong
+ * instruction offset (the destination is recomputed after next_instr was
+ * cleared), so the exception leaves the frame past its handlers: measured on
+ * 3.12.1, `with lock: with thread_deadline(...): while True: pass` let the
+ * raw interrupt escape the scope's __exit__ (5 of 5; 3.13.0, 3.13.15 and
+ * 3.14.7 handle it right).  There the JUMP callback does not raise: having
+ * decided, it makes the interrupt an asynchronous exception of its own
+ * thread, which INSTRUMENTED_JUMP_BACKWARD's breaker check -- right after
+ * the callback -- raises at the jump, inside the loop's handlers
+ * (tests/test_integrity.py). */
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
+#define TC_JUMP_RAISE_BROKEN 1
+#else
+#define TC_JUMP_RAISE_BROKEN 0
+#endif
+
 /* -- Instructions where raising would skip a with-exit ----------------------
  * A line boundary is a safe place to raise, except two kinds of line starts
  * that belong to a with statement's exit: the normal exit's call of

@@ -157,7 +157,8 @@ static int stack_protected(PyFrameObject *cur, Scope *sc, PyObject **where)
 
 /* -- The hook: per-thread tracer (3.11) or sys.monitoring tool (3.12+) ---------- */
 
-static int deliver_here(tc_slot *s, int back_edge);
+static int deliver_here(tc_slot *s, int back_edge, int async_self);
+static void deliver_pending(tc_slot *s, int async_self);
 static void deliver_pending_here(tc_slot *s);
 
 #if TC_HOOK_TRACE
@@ -237,13 +238,13 @@ static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg
          * (`while True: pass` jumps to itself, which 3.11 does not trace):
          * raise at its back-edge, where the eval breaker would have. */
         if (s->pending != NULL && at_back_edge(frame))
-            return deliver_here(s, 1);
+            return deliver_here(s, 1, 0);
         return 0;
     }
     if (s->prev_trace != NULL && s->prev_trace(s->prev_traceobj, frame, what, arg) != 0)
         return -1; /* the thread's own tracer raised */
     if (what == PyTrace_LINE && s->pending != NULL)
-        return deliver_here(s, 0);
+        return deliver_here(s, 0, 0);
     return 0;
 }
 
@@ -256,7 +257,9 @@ static int hook_arm(tc_slot *s, PyThreadState *t)
     s->prev_trace = t->c_tracefunc;
     s->prev_traceobj = t->c_traceobj;
     Py_XINCREF(s->prev_traceobj);
-    if (_PyEval_SetTrace(t, trace_cb, NULL) < 0) {
+    /* The thread's own trace object stays in place, so sys.gettrace() still
+     * returns it (a debugger that saves and restores it keeps it). */
+    if (_PyEval_SetTrace(t, trace_cb, s->prev_traceobj) < 0) {
         PyErr_Clear();
         s->prev_trace = NULL;
         Py_CLEAR(s->prev_traceobj);
@@ -382,7 +385,7 @@ static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     (void)m;
     (void)args;
     (void)nargs;
-    if (s != NULL && s->pending != NULL && deliver_here(s, 0) < 0)
+    if (s != NULL && s->pending != NULL && deliver_here(s, 0, 0) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -408,7 +411,7 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
         PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
         if (f != NULL && to != from && tc_uncovered_no_raise(f, (int)to))
             Py_RETURN_NONE;
-        if (deliver_here(s, to == from) < 0)
+        if (deliver_here(s, to == from, TC_JUMP_RAISE_BROKEN) < 0)
             return NULL;
     }
     Py_RETURN_NONE;
@@ -500,7 +503,7 @@ done:
  * jump to itself), with something pending: raise it unless protected code
  * is on the stack or the instruction is no safe place (tc_compat.h).  Returns -1 with the exception
  * set when it raised, else 0. */
-static int deliver_here(tc_slot *s, int back_edge)
+static int deliver_here(tc_slot *s, int back_edge, int async_self)
 {
     PyObject *scope = s->pending_scope, *where = NULL;
     int64_t now;
@@ -540,14 +543,19 @@ static int deliver_here(tc_slot *s, int back_edge)
         return 0;
     }
     STAT_INC(hook_raises);
-    deliver_pending_here(s);
-    return -1;
+    deliver_pending(s, async_self);
+    return async_self ? 0 : -1;
 }
 
 /* In the owner thread, at an explicit raise point (checkpoint(), a wait's
  * step, a shield's exit): raise what is pending right here.  The caller
  * returns NULL. */
-static void deliver_pending_here(tc_slot *s)
+static void deliver_pending_here(tc_slot *s) { deliver_pending(s, 0); }
+
+/* ... or, with `async_self`, as an asynchronous exception of this very
+ * thread, which its eval loop raises at its next breaker check (3.12's JUMP
+ * callback, see mon_jump). */
+static void deliver_pending(tc_slot *s, int async_self)
 {
     PyObject *scope = s->pending_scope, *exc = s->pending;
     int64_t now = now_ns();
@@ -560,7 +568,10 @@ static void deliver_pending_here(tc_slot *s)
         as_scope(scope)->delivered_at = now;
     }
     s->deferred_since = 0;
-    PyErr_SetNone(exc);
+    if (async_self)
+        (void)PyThreadState_SetAsyncExc(PyThread_get_thread_ident(), exc);
+    else
+        PyErr_SetNone(exc);
     Py_DECREF(exc);
 }
 

@@ -227,9 +227,9 @@ static PyObject *mod_raise_in_scope(PyObject *m, PyObject *args)
     }
     sc = as_scope(scope);
     s = sc->slot;
-    if (sc->state != SCOPE_ACTIVE || s == NULL || atomic_load(&s->shield) > 0 ||
-        atomic_load(&s->state) == SLOT_INJECTED)
-        Py_RETURN_FALSE;
+    if (sc->state != SCOPE_ACTIVE || s == NULL || !s->alive || s->ident != sc->ident ||
+        atomic_load(&s->shield) > 0 || atomic_load(&s->state) == SLOT_INJECTED)
+        Py_RETURN_FALSE; /* not (or no longer) running in a live thread of its own */
     if (tc_find_tstate(s->ident) == NULL)
         Py_RETURN_FALSE; /* its thread is gone (a stale scope) */
     sc->soft_pending = 1;

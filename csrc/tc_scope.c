@@ -375,13 +375,13 @@ static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     in_flight = exc_type != Py_None && PyType_Check(exc_type) &&
                 PyObject_IsSubclass(exc_type, g_interrupt) == 1;
-    if (g_defer_report != NULL && sc->deferred_where != NULL &&
-        sc->deferred_ns > g_defer_cap_ns && run_exit_hook(s, g_defer_report, self, NULL)) {
-        Py_DECREF(self);
-        return slot_deliver_held(s, now_ns());
-    }
-    if (sc->hook != NULL &&
-        run_exit_hook(s, sc->hook, self, nargs > 1 ? args[1] : Py_None)) {
+    int held = 0;
+    if (g_defer_report != NULL && sc->deferred_where != NULL && sc->deferred_ns > g_defer_cap_ns)
+        held = run_exit_hook(s, g_defer_report, self, NULL);
+    /* the scope's own hook runs either way (cleanups, soft timer, results) */
+    if (sc->hook != NULL && run_exit_hook(s, sc->hook, self, nargs > 1 ? args[1] : Py_None))
+        held = 1;
+    if (held) {
         /* an enclosing deadline passed while the hook ran (shielded): deliver it
          * now, and make it fire first if the watchdog held off, so that the
          * enclosing scope claims its interrupt at its own exit */

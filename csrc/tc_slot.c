@@ -84,12 +84,18 @@ static void stack_clear(tc_slot *s)
 
 /* Pop the scopes above `target` whose __exit__ never ran (CPython 3.13.0 can
  * skip with-exits, cpython#130279).  Returns the number popped. */
+static void slot_take_back(tc_slot *s);
+
 static int stack_pop_stale_above(tc_slot *s, PyObject *target)
 {
     int n = 0;
     while (s->top != NULL && s->top != target) {
         PyObject *p = s->top;
         s->top = as_scope(p)->parent;
+        /* what was on its way to the stale scope goes with it (pending_scope
+         * is borrowed: it must not outlive the scope) */
+        if (s->pending_scope == p || s->fired == p)
+            slot_take_back(s);
         if (s->fired == p)
             s->fired = NULL;
         scope_forget(as_scope(p));

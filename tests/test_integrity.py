@@ -359,7 +359,7 @@ def test_deferral_goes_into_the_result_and_the_metrics() -> None:
         scope = timeoutcore.thread_deadline(0.01, label="deferral-metrics")
         with pytest.raises(DeadlineExceeded):
             with scope:
-                _slow_critical(0.05)
+                _slow_critical(0.1)
                 while True:
                     pass
         snap = collector.snapshot()
@@ -376,13 +376,13 @@ def test_deferral_goes_into_the_result_and_the_metrics() -> None:
 def test_a_long_deferral_is_logged_once_with_the_frame_that_held_it(
         caplog: pytest.LogCaptureFixture) -> None:
     before = timeoutcore.deferral_log_cap()
-    timeoutcore.set_deferral_log_cap(0.02)
+    timeoutcore.set_deferral_log_cap(0.05)
     try:
         with caplog.at_level(logging.WARNING, logger="timeoutcore"):
             scope = timeoutcore.thread_deadline(0.01, label="long-deferral")
             with pytest.raises(DeadlineExceeded):
                 with scope:
-                    _slow_critical(0.06)
+                    _slow_critical(0.15)
                     while True:
                         pass
             short = timeoutcore.thread_deadline(0.01, label="short-deferral")
@@ -396,7 +396,7 @@ def test_a_long_deferral_is_logged_once_with_the_frame_that_held_it(
     lines = [r.getMessage() for r in caplog.records if "deferred" in r.getMessage()]
     assert len(lines) == 1, lines
     assert "label=long-deferral" in lines[0] and "_slow_critical" in lines[0]
-    assert scope.deferred > 0.02 and short.deferred < 0.02
+    assert scope.deferred > 0.05 and short.deferred < 0.05
 
 
 def test_the_deferral_log_can_be_turned_off(caplog: pytest.LogCaptureFixture) -> None:
@@ -433,7 +433,7 @@ def test_every_trigger_waits_for_protected_code(trigger: str) -> None:
 
     @timeoutcore.protected
     def critical() -> None:
-        _slow_critical(0.08)
+        _slow_critical(0.15)
         finished.append(True)
 
     kwargs: dict[str, Any] = {"soft_limit": 0.02, "soft_raise": True} if trigger == "soft" else {}
@@ -497,3 +497,86 @@ def test_a_stale_async_exception_flag_does_not_hold_a_delivery() -> None:
     assert p.returncode == 0, p.stderr
     late = float(p.stdout.split()[-1])
     assert late < 1000, late  # ms after critical() ends; broken: it spins for ever
+
+
+# -- regressions found in review ---------------------------------------------------------------
+
+
+def _loop_with_lock(shape: str, lock: threading.Lock) -> str:
+    t0 = time.monotonic()
+    try:
+        with lock:
+            with timeoutcore.thread_deadline(0.03):
+                if shape == "while-cond":
+                    while time.monotonic() - t0 < 2.0:
+                        pass
+                elif shape == "while-true":
+                    while True:
+                        pass
+                else:
+                    n = 0
+                    for i in range(10**9):
+                        n += i
+        return "ran out"
+    except DeadlineExceeded:
+        return "stopped"
+    except BaseException as exc:  # noqa: BLE001 - the raw interrupt escaping is the bug
+        return type(exc).__name__
+
+
+@pytest.mark.parametrize("shape", ["while-cond", "while-true", "for"])
+def test_a_loop_stopped_at_its_back_edge_runs_every_exit(shape: str) -> None:
+    """3.12 mishandles an exception raised from a sys.monitoring JUMP callback (it left
+    the frame past the scope's __exit__); there the hook raises through the jump's own
+    eval-breaker check instead (csrc/tc_compat.h: TC_JUMP_RAISE_BROKEN)."""
+    lock = threading.Lock()
+    for _ in range(5):
+        assert _loop_with_lock(shape, lock) == "stopped"
+        assert _free(lock)
+
+
+def test_the_scopes_exit_hook_runs_after_a_long_deferral() -> None:
+    """The deferral report must not take the place of the scope's own exit work
+    (on_timeout handlers, results, metrics)."""
+    before = timeoutcore.deferral_log_cap()
+    timeoutcore.set_deferral_log_cap(0.01)
+    ran: list[str] = []
+    try:
+        with pytest.raises(DeadlineExceeded):
+            with timeoutcore.thread_deadline(0.3):  # an enclosing scope, as in real code
+                with pytest.raises(DeadlineExceeded):
+                    with timeoutcore.thread_deadline(0.02) as inner:
+                        inner.on_timeout(lambda: ran.append("cleanup"))
+                        _slow_critical(0.1)
+                        while True:
+                            pass
+                while True:
+                    pass
+    finally:
+        timeoutcore.set_deferral_log_cap(before)
+    assert ran == ["cleanup"]
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="3.11's per-thread tracer")
+def test_the_users_tracer_is_still_seen_while_a_delivery_waits() -> None:
+    seen: list[Any] = []
+
+    def tracer(frame: Any, event: str, arg: Any) -> None:
+        return None
+
+    @timeoutcore.protected
+    def look() -> None:
+        _slow_critical(0.05)
+        seen.append(sys.gettrace())
+
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(DeadlineExceeded):
+            with timeoutcore.thread_deadline(0.01):
+                look()
+                while True:
+                    pass
+        seen.append(sys.gettrace())
+    finally:
+        sys.settrace(None)
+    assert seen == [tracer, tracer]

@@ -146,7 +146,10 @@ def test_cancel_wins_over_a_later_extend(registry: DeadlineRegistry) -> None:
     job = InThread(registry, "cancel-extend", 5.0)
     wait_for_job(coordinator, "cancel-extend")
     assert coordinator.cancel("cancel-extend")
-    with pytest.raises(JobNotFound, match="being cancelled"):
+    # Refused either way: while the job's entry is still there, as "being cancelled"; once
+    # the job has already stopped (a cancel reaches a sleeping job in under a millisecond),
+    # as not found at all.
+    with pytest.raises(JobNotFound, match="being cancelled|'cancel-extend'"):
         coordinator.extend("cancel-extend", 5)
     job.join()
     assert type(job.exc).__name__ == "DeadlineCancelled"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Callable
 
 import pytest
 
@@ -75,71 +74,61 @@ def test_every_thread_due_at_once_is_stopped() -> None:
 # -- the fast window: a lowered switch interval only while a deadline is due ------------------
 
 
-def _interval_seen_during(body: "Callable[[], None]") -> tuple[set[float], float]:
-    """Run ``body`` in a worker while this thread samples sys.getswitchinterval(); returns
-    the values seen and the value a little after the worker ended."""
-    seen: set[float] = set()
-    done = threading.Event()
-
-    def worker() -> None:
-        try:
-            body()
-        finally:
-            done.set()
-
-    t = threading.Thread(target=worker)
-    t.start()
-    while not done.is_set():
-        seen.add(sys.getswitchinterval())
-        time.sleep(0)
-    t.join()
-    end = time.monotonic() + 2
-    while sys.getswitchinterval() != seen_user and time.monotonic() < end:  # closing is async
-        time.sleep(0.001)
-    return seen, sys.getswitchinterval()
+@timeoutcore.protected
+def _wait_for_window(set_to: "float | None" = None) -> float:
+    """Inside a guarded block: wait (protected, so the block's interrupt waits too and the
+    window stays open) until the switch interval is lowered; returns what it read, after
+    setting ``set_to`` if given (the user's own setting, during the window)."""
+    give_up = time.monotonic() + 5
+    while sys.getswitchinterval() > 0.001 and time.monotonic() < give_up:
+        pass
+    seen = sys.getswitchinterval()
+    if set_to is not None:
+        sys.setswitchinterval(set_to)
+    return seen
 
 
-seen_user = 0.005
-
-
-def _spin_past_deadline() -> None:
+def _in_window(set_to: "float | None" = None) -> float:
+    seen = 0.0
     with pytest.raises(DeadlineExceeded):
-        with timeoutcore.thread_deadline(0.03):
+        with timeoutcore.thread_deadline(0.01):
+            seen = _wait_for_window(set_to)
             while True:
                 pass
+    return seen
+
+
+def _settled(want: float) -> float:
+    """The interval once the watchdog has closed the window (it does so asynchronously)."""
+    end = time.monotonic() + 2
+    while abs(sys.getswitchinterval() - want) > 1e-9 and time.monotonic() < end:
+        time.sleep(0.001)
+    return sys.getswitchinterval()
 
 
 def test_the_switch_interval_is_lowered_while_a_deadline_is_due_and_put_back() -> None:
     before = sys.getswitchinterval()
-    sys.setswitchinterval(seen_user)
+    sys.setswitchinterval(0.005)
     try:
-        seen, after = _interval_seen_during(_spin_past_deadline)
+        seen = _in_window()
+        after = _settled(0.005)
     finally:
         sys.setswitchinterval(before)
-    assert any(abs(v - 200e-6) < 1e-9 for v in seen), seen  # broken: it never moves
-    assert after == pytest.approx(seen_user)
+    assert seen == pytest.approx(200e-6)  # broken: the interval never moves
+    assert after == pytest.approx(0.005)
 
 
 def test_a_switch_interval_set_during_the_window_is_kept() -> None:
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.005)
     try:
-        def body() -> None:
-            with pytest.raises(DeadlineExceeded):
-                with timeoutcore.thread_deadline(0.03):
-                    while sys.getswitchinterval() > 0.001:  # until the window opens
-                        pass
-                    sys.setswitchinterval(0.003)  # the user's own, meanwhile
-                    while True:
-                        pass
-
-        t = threading.Thread(target=body)
-        t.start()
-        t.join(5)
-        time.sleep(0.05)
-        assert sys.getswitchinterval() == pytest.approx(0.003)
+        seen = _in_window(set_to=0.003)
+        time.sleep(0.05)  # the window has closed meanwhile (claimed at the block's exit)
+        after = sys.getswitchinterval()
     finally:
         sys.setswitchinterval(before)
+    assert seen == pytest.approx(200e-6)
+    assert after == pytest.approx(0.003)
 
 
 def test_no_window_stays_open_without_deadlines() -> None:
@@ -183,32 +172,31 @@ def test_no_window_stays_open_without_deadlines() -> None:
 
 
 FORK_IN_WINDOW = r"""
-import os, sys, threading, time, timeoutcore
+import os, sys, time, timeoutcore
 sys.setswitchinterval(0.005)
-lock = threading.Lock(); lock.acquire()
-@timeoutcore.protected
-def stuck():
-    with lock:
-        pass
-def body():
-    try:
-        with timeoutcore.thread_deadline(0.01):
-            stuck()
-            while True:
-                pass
-    except timeoutcore.DeadlineExceeded:
-        pass
-t = threading.Thread(target=body); t.start()
-time.sleep(0.015)  # fired at 10 ms, held in protected code: the window is open
-opened = sys.getswitchinterval()
 r, w = os.pipe()
-pid = os.fork()
-if pid == 0:
-    os.write(w, repr(sys.getswitchinterval()).encode()); os._exit(0)
-os.waitpid(pid, 0)
-child = float(os.read(r, 100))
-lock.release(); t.join()
-print(opened, child)
+@timeoutcore.protected
+def critical():
+    # Protected: the deadline's interrupt waits here, so the window stays open (until
+    # 20 ms after the fire) while this thread looks for it and forks inside it.
+    give_up = time.monotonic() + 5
+    while sys.getswitchinterval() > 0.001 and time.monotonic() < give_up:
+        pass
+    opened = sys.getswitchinterval()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, repr(sys.getswitchinterval()).encode())
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return opened
+try:
+    with timeoutcore.thread_deadline(0.01):
+        opened = critical()
+        while True:
+            pass
+except timeoutcore.DeadlineExceeded:
+    pass
+print(opened, float(os.read(r, 100)))
 """
 
 
