@@ -374,11 +374,28 @@ static PyObject *mod_ensure_watchdog(PyObject *m, PyObject *unused)
     (void)m;
     (void)unused;
     int need = 0;
+    tc_slot *dead = NULL;
     pthread_mutex_lock(&g_mu);
-    for (tc_slot *s = g_slots; s != NULL; s = s->next)
+    for (tc_slot *s = g_slots; s != NULL; s = s->next) {
         if (s->alive && atomic_load(&s->deadline) != TC_NEVER)
             need = 1;
+        if (!s->alive && (s->pending != NULL || s->hooked) && dead == NULL)
+            dead = s;
+    }
     pthread_mutex_unlock(&g_mu);
+    /* A delivery that was pending in a thread that did not survive the fork
+     * (or has exited) is withdrawn, so the delivery hook -- on 3.12+ the
+     * process-wide monitoring events -- does not stay armed for ever.  One
+     * per pass, outside g_mu (deliver_cancel may call Python). */
+    while (dead != NULL) {
+        (void)deliver_cancel(dead);
+        dead = NULL;
+        pthread_mutex_lock(&g_mu);
+        for (tc_slot *s = g_slots; s != NULL && dead == NULL; s = s->next)
+            if (!s->alive && (s->pending != NULL || s->hooked))
+                dead = s;
+        pthread_mutex_unlock(&g_mu);
+    }
     if (need && wd_ensure() < 0)
         return NULL;
     Py_RETURN_NONE;

@@ -117,23 +117,53 @@ static void wd_prune(int64_t now)
 }
 #endif
 
-/* With the GIL: handle every slot that is due now. */
+/* With the GIL: handle every slot that is due now.  g_mu is held only to
+ * walk the list, never while a slot is acted on: firing arms the delivery
+ * hook (3.11: _PyEval_SetTrace runs audit hooks; 3.12+: sys.monitoring
+ * instruments code, which allocates and may collect garbage), i.e. Python
+ * code that may give the GIL away -- and a thread that then enters its
+ * first scope would wait for g_mu while holding the GIL the watchdog waits
+ * for.  Acting without g_mu is safe: slots are never freed, and a slot's
+ * thread cannot finish dying (its thread state is deleted with the GIL,
+ * before its kernel timer goes) while the watchdog holds the GIL;
+ * slot_fire/slot_reinject check that the thread state still exists. */
+#define TC_SWEEP_BATCH 64
 static void wd_sweep(int64_t now)
 {
+    tc_slot *due[TC_SWEEP_BATCH];
+    int n, more;
 #if TC_TRACK_FRAMES
     wd_prune(now);
 #endif
-    pthread_mutex_lock(&g_mu);
-    for (tc_slot *s = g_slots; s != NULL; s = s->next) {
-        if (!s->alive)
-            continue;
-        int st = atomic_load(&s->state);
-        if (st == SLOT_ARMED && atomic_load(&s->deadline) <= now)
-            slot_fire(s, now, 0);
-        else if (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)
-            slot_reinject(s, now);
-    }
-    pthread_mutex_unlock(&g_mu);
+    do {
+        n = 0;
+        more = 0;
+        pthread_mutex_lock(&g_mu);
+        for (tc_slot *s = g_slots; s != NULL; s = s->next) {
+            if (!s->alive)
+                continue;
+            int st = atomic_load(&s->state);
+            if ((st == SLOT_ARMED && atomic_load(&s->deadline) <= now) ||
+                (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)) {
+                if (n == TC_SWEEP_BATCH) {
+                    more = 1;
+                    break;
+                }
+                due[n++] = s;
+            }
+        }
+        pthread_mutex_unlock(&g_mu);
+        for (int i = 0; i < n; i++) {
+            tc_slot *s = due[i];
+            int st = atomic_load(&s->state); /* again: its owner may have moved on */
+            if (!s->alive)
+                continue;
+            if (st == SLOT_ARMED && atomic_load(&s->deadline) <= now)
+                slot_fire(s, now, 0);
+            else if (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)
+                slot_reinject(s, now);
+        }
+    } while (more);
 }
 
 /* With the GIL: keep the lead one switch interval + a margin. */

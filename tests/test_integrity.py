@@ -580,3 +580,37 @@ def test_the_users_tracer_is_still_seen_while_a_delivery_waits() -> None:
     finally:
         sys.settrace(None)
     assert seen == [tracer, tracer]
+
+
+FORK_WITH_PENDING = r"""
+import os, sys, threading, time, timeoutcore
+ev = threading.Event()
+def t():
+    try:
+        with timeoutcore.thread_deadline(0.05):
+            ev.wait(1.0)  # protected: the delivery stays pending while it blocks
+    except timeoutcore.DeadlineExceeded:
+        pass
+th = threading.Thread(target=t)
+th.start()
+time.sleep(0.2)
+tool = 4 if sys.monitoring.get_tool(4) == "timeoutcore" else 3
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, str(sys.monitoring.get_events(tool)).encode())
+    os._exit(0)
+os.waitpid(pid, 0)
+th.join()
+print(os.read(r, 100).decode(), sys.monitoring.get_events(tool))
+"""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring (3.12+)")
+def test_a_fork_child_does_not_keep_a_dead_threads_delivery_armed() -> None:
+    p = subprocess.run([sys.executable, "-c", FORK_WITH_PENDING], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    child, parent = p.stdout.split()
+    assert child == "0"  # broken: LINE|JUMP stay on in the child for its whole life
+    assert parent == "0"
