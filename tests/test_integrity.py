@@ -165,12 +165,13 @@ def test_user_protected_function_defers() -> None:
 
     @timeoutcore.protected
     def critical() -> None:
+        _fire_in(0.01)
         end = time.perf_counter() + 0.06
         while time.perf_counter() < end:
             pass
         finished.append(True)
 
-    scope = timeoutcore.thread_deadline(0.01)
+    scope = timeoutcore.thread_deadline(10)
     with pytest.raises(DeadlineExceeded):
         with scope:
             critical()
@@ -345,8 +346,19 @@ def test_unpatched_queue_get_is_interrupted_on_its_return_to_user_code() -> None
 # -- visibility --------------------------------------------------------------------------------
 
 
+def _fire_in(seconds: float) -> None:
+    """Move the innermost scope's deadline to ``seconds`` from now. Called first thing
+    inside protected code, so the deadline cannot pass before the thread is in it (on a
+    loaded machine a thread may be descheduled for longer than a short deadline)."""
+    scope = timeoutcore.current_scope()
+    assert scope is not None
+    scope.reschedule(time.monotonic() + seconds)
+
+
 @timeoutcore.protected
-def _slow_critical(seconds: float) -> None:
+def _slow_critical(seconds: float, fire_in: "float | None" = None) -> None:
+    if fire_in is not None:
+        _fire_in(fire_in)
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
@@ -356,10 +368,10 @@ def test_deferral_goes_into_the_result_and_the_metrics() -> None:
     collector = timeoutcore.metrics.enable()
     try:
         collector.reset()
-        scope = timeoutcore.thread_deadline(0.01, label="deferral-metrics")
+        scope = timeoutcore.thread_deadline(10, label="deferral-metrics")
         with pytest.raises(DeadlineExceeded):
             with scope:
-                _slow_critical(0.1)
+                _slow_critical(0.1, fire_in=0.01)
                 while True:
                     pass
         snap = collector.snapshot()
@@ -379,16 +391,16 @@ def test_a_long_deferral_is_logged_once_with_the_frame_that_held_it(
     timeoutcore.set_deferral_log_cap(0.05)
     try:
         with caplog.at_level(logging.WARNING, logger="timeoutcore"):
-            scope = timeoutcore.thread_deadline(0.01, label="long-deferral")
+            scope = timeoutcore.thread_deadline(10, label="long-deferral")
             with pytest.raises(DeadlineExceeded):
                 with scope:
-                    _slow_critical(0.15)
+                    _slow_critical(0.15, fire_in=0.01)
                     while True:
                         pass
-            short = timeoutcore.thread_deadline(0.01, label="short-deferral")
+            short = timeoutcore.thread_deadline(10, label="short-deferral")
             with pytest.raises(DeadlineExceeded):
                 with short:
-                    _slow_critical(0.012)
+                    _slow_critical(0.012, fire_in=0.01)
                     while True:
                         pass
     finally:
@@ -404,10 +416,10 @@ def test_the_deferral_log_can_be_turned_off(caplog: pytest.LogCaptureFixture) ->
     timeoutcore.set_deferral_log_cap(None)
     try:
         with caplog.at_level(logging.WARNING, logger="timeoutcore"):
-            scope = timeoutcore.thread_deadline(0.01)
+            scope = timeoutcore.thread_deadline(10)
             with pytest.raises(DeadlineExceeded):
                 with scope:
-                    _slow_critical(0.08)
+                    _slow_critical(0.08, fire_in=0.01)
                     while True:
                         pass
     finally:
@@ -433,11 +445,15 @@ def test_every_trigger_waits_for_protected_code(trigger: str) -> None:
 
     @timeoutcore.protected
     def critical() -> None:
+        if trigger == "hard":
+            _fire_in(0.02)
+        elif timer is not None:
+            timer.start()  # here, inside: it cannot fire before the thread is in
         _slow_critical(0.15)
         finished.append(True)
 
-    kwargs: dict[str, Any] = {"soft_limit": 0.02, "soft_raise": True} if trigger == "soft" else {}
-    scope = timeoutcore.thread_deadline(0.02 if trigger == "hard" else 5.0, **kwargs)
+    kwargs: dict[str, Any] = {"soft_limit": 0.05, "soft_raise": True} if trigger == "soft" else {}
+    scope = timeoutcore.thread_deadline(5.0, **kwargs)
     timer = None
     if trigger == "cancel":
         timer = threading.Timer(0.02, scope.cancel)
@@ -447,8 +463,6 @@ def test_every_trigger_waits_for_protected_code(trigger: str) -> None:
             "earlier": DeadlineExceeded, "soft": timeoutcore.SoftDeadlineExceeded}[trigger]
     with pytest.raises(want):
         with scope:
-            if timer is not None:
-                timer.start()
             critical()
             give_up = time.monotonic() + 5
             while time.monotonic() < give_up:
@@ -545,9 +559,9 @@ def test_the_scopes_exit_hook_runs_after_a_long_deferral() -> None:
         with pytest.raises(DeadlineExceeded):
             with timeoutcore.thread_deadline(0.3):  # an enclosing scope, as in real code
                 with pytest.raises(DeadlineExceeded):
-                    with timeoutcore.thread_deadline(0.02) as inner:
+                    with timeoutcore.thread_deadline(10) as inner:
                         inner.on_timeout(lambda: ran.append("cleanup"))
-                        _slow_critical(0.1)
+                        _slow_critical(0.1, fire_in=0.02)
                         while True:
                             pass
                 while True:
@@ -566,13 +580,13 @@ def test_the_users_tracer_is_still_seen_while_a_delivery_waits() -> None:
 
     @timeoutcore.protected
     def look() -> None:
-        _slow_critical(0.05)
+        _slow_critical(0.05, fire_in=0.01)
         seen.append(sys.gettrace())
 
     sys.settrace(tracer)
     try:
         with pytest.raises(DeadlineExceeded):
-            with timeoutcore.thread_deadline(0.01):
+            with timeoutcore.thread_deadline(10):
                 look()
                 while True:
                     pass
