@@ -477,6 +477,7 @@ def test_every_trigger_waits_for_protected_code(trigger: str) -> None:
 
 STALE_FLAG = r"""
 import ctypes, threading, time, timeoutcore
+assert timeoutcore.ENGINE == "native", timeoutcore.ENGINE  # the installed build, not the source tree
 clear = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(
     ctypes.cast(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_void_p).value)
 # Someone else's SetAsyncExc(id, NULL) with nothing pending: on 3.11 it leaves the
@@ -500,12 +501,12 @@ except timeoutcore.DeadlineExceeded:
 """
 
 
-def test_a_stale_async_exception_flag_does_not_hold_a_delivery() -> None:
+def test_a_stale_async_exception_flag_does_not_hold_a_delivery(tmp_path: Path) -> None:
     """3.11: a tracer plus a stale async-exception bit spins at RESUME; the watchdog's
     backstop drains the bit (csrc/tc_deliver.c)."""
     try:
         p = subprocess.run([sys.executable, "-c", STALE_FLAG], capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=60, cwd=tmp_path)
     except subprocess.TimeoutExpired:
         pytest.fail("the deferred delivery spun for ever behind a stale async-exception bit")
     assert p.returncode == 0, p.stderr
@@ -598,6 +599,7 @@ def test_the_users_tracer_is_still_seen_while_a_delivery_waits() -> None:
 
 FORK_WITH_PENDING = r"""
 import os, sys, threading, time, timeoutcore
+assert timeoutcore.ENGINE == "native", timeoutcore.ENGINE  # the installed build, not the source tree
 ev = threading.Event()
 def t():
     try:
@@ -621,9 +623,9 @@ print(os.read(r, 100).decode(), sys.monitoring.get_events(tool))
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring (3.12+)")
-def test_a_fork_child_does_not_keep_a_dead_threads_delivery_armed() -> None:
+def test_a_fork_child_does_not_keep_a_dead_threads_delivery_armed(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-c", FORK_WITH_PENDING], capture_output=True,
-                       text=True, timeout=60)
+                       text=True, timeout=60, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     child, parent = p.stdout.split()
     assert child == "0"  # broken: LINE|JUMP stay on in the child for its whole life

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -176,6 +177,7 @@ def test_no_window_stays_open_without_deadlines() -> None:
 
 FORK_IN_WINDOW = r"""
 import os, sys, time, timeoutcore
+assert timeoutcore.ENGINE == "native", timeoutcore.ENGINE  # the installed build, not the source tree
 sys.setswitchinterval(0.005)
 r, w = os.pipe()
 @timeoutcore.protected
@@ -205,11 +207,13 @@ print(opened, float(os.read(r, 100)))
 """
 
 
-def test_a_child_forked_inside_the_window_gets_the_users_interval() -> None:
+def test_a_child_forked_inside_the_window_gets_the_users_interval(tmp_path: Path) -> None:
     import subprocess
 
+    # from a scratch folder: `-c` puts the current directory first on sys.path, and the
+    # source tree has no build for this interpreter (nox installs the package)
     p = subprocess.run([sys.executable, "-c", FORK_IN_WINDOW], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=60, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     opened, child = (float(x) for x in p.stdout.split())
     assert opened == pytest.approx(200e-6)  # the window was open in the parent
