@@ -14,6 +14,7 @@ import threading
 from typing import Any, Optional
 
 from . import _validate
+from ._status import thread_name
 
 #: The default cap, seconds: well above what a log call or a queue operation holds an
 #: interrupt (tens of microseconds), well below what a user notices.
@@ -31,14 +32,9 @@ def _report(scope: Any) -> None:
         "deadline interrupt deferred %.1f ms by protected code: label=%s thread=%s "
         "held at %s (overshoot %.1f ms)",
         (scope.deferred or 0.0) * 1e3, scope.label,
-        _thread_name(scope.thread_ident), scope.deferred_where,
+        thread_name(scope.thread_ident), scope.deferred_where,
         (scope.overshoot or 0.0) * 1e3,
     )
-
-
-def _thread_name(ident: int) -> Optional[str]:
-    t = threading._active.get(ident)  # type: ignore[attr-defined]
-    return t.name if t is not None else None
 
 
 def _push() -> None:

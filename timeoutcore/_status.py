@@ -3,7 +3,8 @@ metrics count it for every block)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import threading
+from typing import Any, Literal, Optional
 
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
@@ -22,3 +23,9 @@ def status_of(scope: Any) -> Status:
     if getattr(scope, "_soft_fired", False):
         return "soft_exceeded"
     return "completed"
+
+
+def thread_name(ident: Optional[int]) -> Optional[str]:
+    """The name of the live thread ``ident`` (a scope's ``thread_ident``), or None."""
+    thread = threading._active.get(ident) if ident is not None else None  # type: ignore[attr-defined]
+    return thread.name if thread is not None else None

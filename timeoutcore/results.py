@@ -19,6 +19,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict
 
 from ._status import Status, status_of
+from ._status import thread_name as _thread_name_of
 
 __all__ = ["DeadlineResult", "ResultLog", "Status", "build_result", "status_of"]
 
@@ -63,8 +64,7 @@ def build_result(scope: Any, thread_name: Optional[str] = None) -> DeadlineResul
     exc = scope.exit_exception
     error = exc if status == "error" else None
     if thread_name is None:
-        thread = threading._active.get(scope.thread_ident)  # type: ignore[attr-defined]
-        thread_name = thread.name if thread is not None else None
+        thread_name = _thread_name_of(scope.thread_ident)
     # wall-clock start derived from the monotonic entry time: no clock read per block
     started = _WALL_MINUS_MONOTONIC + scope.entered_at
     return DeadlineResult(

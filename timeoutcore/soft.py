@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
 from . import _fork, _stop
+from ._status import thread_name
 
 log = logging.getLogger("timeoutcore")
 
@@ -89,7 +90,7 @@ class _SoftTimer:
         log.warning(
             "soft limit passed: label=%r thread=%s elapsed=%.3fs soft=%ss hard=%ss",
             scope.label,
-            _thread_name(scope.thread_ident),
+            thread_name(scope.thread_ident),
             scope.elapsed(),
             scope._soft,
             scope.limit,
@@ -109,11 +110,6 @@ def _call_on_soft(callback: OnSoft, scope: Any) -> None:
         callback(scope)
     except Exception:  # noqa: BLE001 - a failing callback is reported, nothing else
         log.exception("on_soft callback %r failed for scope %r", callback, scope.label)
-
-
-def _thread_name(ident: Optional[int]) -> Optional[str]:
-    thread = threading._active.get(ident) if ident is not None else None  # type: ignore[attr-defined]
-    return thread.name if thread is not None else None
 
 
 timer = _SoftTimer()
