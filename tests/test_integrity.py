@@ -364,16 +364,23 @@ def _slow_critical(seconds: float, fire_in: "float | None" = None) -> None:
         pass
 
 
+def _deferred_block(seconds: float, label: "str | None" = None) -> Any:
+    """A block whose deadline fires 10 ms into a protected call of ``seconds``: the
+    interrupt waits for it, then stops the block. Returns the exited scope."""
+    scope = timeoutcore.thread_deadline(10, label=label)
+    with pytest.raises(DeadlineExceeded):
+        with scope:
+            _slow_critical(seconds, fire_in=0.01)
+            while True:
+                pass
+    return scope
+
+
 def test_deferral_goes_into_the_result_and_the_metrics() -> None:
     collector = timeoutcore.metrics.enable()
     try:
         collector.reset()
-        scope = timeoutcore.thread_deadline(10, label="deferral-metrics")
-        with pytest.raises(DeadlineExceeded):
-            with scope:
-                _slow_critical(0.1, fire_in=0.01)
-                while True:
-                    pass
+        scope = _deferred_block(0.1, label="deferral-metrics")
         snap = collector.snapshot()
         collector.reset()
     finally:
@@ -391,18 +398,8 @@ def test_a_long_deferral_is_logged_once_with_the_frame_that_held_it(
     timeoutcore.set_deferral_log_cap(0.05)
     try:
         with caplog.at_level(logging.WARNING, logger="timeoutcore"):
-            scope = timeoutcore.thread_deadline(10, label="long-deferral")
-            with pytest.raises(DeadlineExceeded):
-                with scope:
-                    _slow_critical(0.15, fire_in=0.01)
-                    while True:
-                        pass
-            short = timeoutcore.thread_deadline(10, label="short-deferral")
-            with pytest.raises(DeadlineExceeded):
-                with short:
-                    _slow_critical(0.012, fire_in=0.01)
-                    while True:
-                        pass
+            scope = _deferred_block(0.15, label="long-deferral")
+            short = _deferred_block(0.012, label="short-deferral")
     finally:
         timeoutcore.set_deferral_log_cap(before)
     lines = [r.getMessage() for r in caplog.records if "deferred" in r.getMessage()]
@@ -416,12 +413,7 @@ def test_the_deferral_log_can_be_turned_off(caplog: pytest.LogCaptureFixture) ->
     timeoutcore.set_deferral_log_cap(None)
     try:
         with caplog.at_level(logging.WARNING, logger="timeoutcore"):
-            scope = timeoutcore.thread_deadline(10)
-            with pytest.raises(DeadlineExceeded):
-                with scope:
-                    _slow_critical(0.08, fire_in=0.01)
-                    while True:
-                        pass
+            scope = _deferred_block(0.08)
     finally:
         timeoutcore.set_deferral_log_cap(before)
     assert scope.deferred > 0.05
