@@ -34,9 +34,12 @@ def _bindir() -> Optional[str]:
 
 def answers(dsn: str) -> bool:
     try:
-        import psycopg2
+        try:
+            import psycopg2 as driver
+        except ImportError:  # free-threaded CPython: only the pure-Python psycopg
+            import psycopg as driver  # type: ignore[no-redef]
 
-        psycopg2.connect(dsn, connect_timeout=3).close()
+        driver.connect(dsn, connect_timeout=3).close()
         return True
     except Exception:  # noqa: BLE001 - any failure means "does not answer"
         return False

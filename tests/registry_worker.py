@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 
-import orjson
+from timeoutcore import _json as orjson  # whichever JSON engine is active
 
 import timeoutcore
 from timeoutcore.contrib.redis import DeadlineRegistry

@@ -18,7 +18,7 @@ import types
 from pathlib import Path
 from typing import Any, Optional
 
-import orjson
+from timeoutcore import _json as orjson  # whichever JSON engine is active
 import pytest
 
 import timeoutcore

@@ -148,7 +148,7 @@ def test_the_features_load_what_they_need_when_used() -> None:
         "    pass\n"
         "assert 'pydantic' not in sys.modules\n"
         "assert scope.result.status == 'completed'\n"
-        "assert 'pydantic' in sys.modules and 'orjson' in sys.modules\n"
+        "assert 'pydantic' in sys.modules and 'timeoutcore._json' in sys.modules\n"
     )
     _python(
         "import sys, timeoutcore\n"
@@ -157,7 +157,7 @@ def test_the_features_load_what_they_need_when_used() -> None:
         "    pass\n"
         "assert m.snapshot()['by_status'] == {'completed': 1}\n"
         "assert 'pydantic' not in sys.modules and 'orjson' not in sys.modules\n"
-        "assert m.snapshot_json() and 'orjson' in sys.modules\n"
+        "assert m.snapshot_json() and 'timeoutcore._json' in sys.modules\n"
     )
     _python(
         "import sys, timeoutcore\n"

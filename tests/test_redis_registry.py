@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
+from timeoutcore import _json as orjson  # whichever JSON engine is active
 import pytest
 
 redis = pytest.importorskip("redis")

@@ -1,4 +1,4 @@
-"""Results (pydantic + orjson), the JSON Lines sink, and metrics."""
+"""Results (pydantic + JSON), the JSON Lines sink, and metrics."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import orjson
+from timeoutcore import _json as orjson  # whichever JSON engine is active
 import pytest
 from conftest import burn, spin_forever
 

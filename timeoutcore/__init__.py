@@ -4,7 +4,7 @@
 in the thread that runs it -- a pool worker as well as the main thread.
 
 ``import timeoutcore`` loads the engine and the core API only. The features built on
-pydantic and orjson (results, policies, the executor, ``run()``, metrics) are loaded the
+pydantic and JSON (results, policies, the executor, ``run()``, metrics) are loaded the
 first time one of their names is used (PEP 562), so a plain ``with thread_deadline(s):``
 never imports them.
 """
@@ -35,6 +35,7 @@ from .scope import (
 
 if TYPE_CHECKING:
     from . import metrics
+    from ._json import ENGINE as JSON_ENGINE
     from .executor import DeadlineExecutor
     from .interrupt import interrupt_with
     from .metrics import Metrics
@@ -46,6 +47,7 @@ __version__ = "0.1.0"
 
 # name -> (module, attribute; "" for the module itself), imported on first use
 _LAZY: dict[str, tuple[str, str]] = {
+    "JSON_ENGINE": ("._json", "ENGINE"),
     "metrics": (".metrics", ""),
     "Metrics": (".metrics", "Metrics"),
     "DeadlineExecutor": (".executor", "DeadlineExecutor"),
@@ -111,6 +113,7 @@ def set_default_result_log(result_log: ResultLog | None) -> None:
 
 __all__ = [
     "ENGINE",
+    "JSON_ENGINE",
     "DeadlineCancelled",
     "DeadlineExceeded",
     "DeadlineExecutor",

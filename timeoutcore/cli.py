@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
-import orjson
+from . import _json
 
 from . import ENGINE, DeadlineExceeded, _validate, sleep, thread_deadline
 
@@ -99,7 +99,7 @@ def _task(i: int, kind: str, seconds: float, limit: float) -> dict[str, Any]:
     except DeadlineExceeded:
         pass
     row: dict[str, Any] = {"task": i, "kind": kind, "work_s": seconds}
-    row.update(orjson.loads(scope.result.to_json()))  # the DeadlineResult, as logged
+    row.update(_json.loads(scope.result.to_json()))  # the DeadlineResult, as logged
     return row
 
 
@@ -153,7 +153,7 @@ def demo(args: argparse.Namespace) -> int:
                 res = fut.result()
                 results.append(res)
                 # one write per line: the soft-limit warnings share stdout from another thread
-                sys.stdout.write(orjson.dumps(res).decode() + "\n")
+                sys.stdout.write(_json.dumps(res).decode() + "\n")
                 sys.stdout.flush()
     finally:
         log.removeHandler(handler)
@@ -275,14 +275,14 @@ def bench(args: argparse.Namespace) -> int:
         progress.close()
 
     if args.json == "-":
-        sys.stdout.buffer.write(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
+        sys.stdout.buffer.write(_json.dumps(results, indent=True) + b"\n")
         sys.stdout.flush()
     else:
         sys.stdout.write(engine.render(results))
         sys.stdout.flush()
     if args.json is not None and args.json != "-":
         with open(args.json, "wb") as f:
-            f.write(orjson.dumps(results, option=orjson.OPT_INDENT_2) + b"\n")
+            f.write(_json.dumps(results, indent=True) + b"\n")
         print(f"{PROG} bench: JSON summary written to {args.json}", file=sys.stderr)
     if args.plot is not None:
         engine.plot(results, args.plot)

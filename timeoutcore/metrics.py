@@ -3,7 +3,7 @@
 Off by default and then free: no hook runs. ``metrics.enable()`` installs the core's default
 hook, after which every scope's exit is counted per status and label, and its elapsed time
 and overshoot go into histograms. ``snapshot()`` returns a dict (``snapshot_json()`` the
-same as orjson bytes) with p50/p90/p99; ``prometheus()`` renders the text exposition format.
+same as JSON bytes) with p50/p90/p99; ``prometheus()`` renders the text exposition format.
 """
 
 from __future__ import annotations
@@ -109,10 +109,10 @@ class Metrics:
             }
 
     def snapshot_json(self) -> bytes:
-        """:meth:`snapshot` as orjson bytes."""
-        import orjson  # only for this serialisation: counting needs no orjson
+        """:meth:`snapshot` as JSON bytes (orjson's bytes, whichever engine writes them)."""
+        from . import _json  # only for this serialisation: counting needs no JSON engine
 
-        return bytes(orjson.dumps(self.snapshot()))
+        return _json.dumps(self.snapshot())
 
     def prometheus(self) -> str:
         """The Prometheus text exposition format (version 0.0.4)."""

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import orjson
+from . import _json
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -104,7 +104,7 @@ class PolicyTable:
     @classmethod
     def from_json(cls, path: Union[str, "os.PathLike[str]"]) -> PolicyTable:
         """Load :meth:`from_dict`'s shape from a JSON file."""
-        data = orjson.loads(Path(path).read_bytes())
+        data = _json.loads(Path(path).read_bytes())
         if not isinstance(data, dict):
             raise ValueError(f"{path}: a policy file holds a JSON object of job -> policy")
         return cls.from_dict(data)

@@ -1,4 +1,5 @@
-"""What happened in a guarded block, as a pydantic model serialised with orjson.
+"""What happened in a guarded block, as a pydantic model serialised as JSON
+(orjson where installed, else the standard library, the same bytes: ``timeoutcore._json``).
 
 ``scope.result`` builds a :class:`DeadlineResult` lazily, after the block exited: a block
 nobody asks a result of never touches pydantic. :class:`ResultLog` appends results as JSON
@@ -15,9 +16,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import orjson
 from pydantic import BaseModel, ConfigDict
 
+from . import _json
 from ._status import Status, status_of
 from ._status import thread_name as _thread_name_of
 
@@ -49,13 +50,13 @@ class DeadlineResult(BaseModel):
     error_message: Optional[str] = None
 
     def to_json(self) -> bytes:
-        """The result as one line of JSON (bytes, orjson)."""
-        return orjson.dumps(self.model_dump(mode="json"))
+        """The result as one line of JSON (bytes)."""
+        return _json.dumps(self.model_dump(mode="json"))
 
     @classmethod
     def from_json(cls, data: Union[bytes, str]) -> DeadlineResult:
         """Parse what :meth:`to_json` wrote."""
-        return cls.model_validate(orjson.loads(data))
+        return cls.model_validate(_json.loads(data))
 
 
 def build_result(scope: Any, thread_name: Optional[str] = None) -> DeadlineResult:

@@ -11,7 +11,7 @@ the scope raises ``DeadlineExceeded`` as usual), and so does any other stop of t
 a ``soft_raise`` soft limit, ``cancel()``, an earlier ``reschedule()``.
 
 Command lists only (never a shell); the arguments are validated with pydantic, the result is
-a pydantic model serialised with orjson.
+a pydantic model serialised as JSON (``timeoutcore._json``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,10 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Sequence, Union
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBytes, StrictInt, StrictStr
 from pydantic import field_validator, model_validator
 
-from . import _stop, _validate
+from . import _json, _stop, _validate
 from ._process_tree import (  # noqa: F401 - kill_and_reap, signal_tree: public here before
     _REAP_ORPHANS_FOR,
     _reap,
@@ -155,13 +154,13 @@ class RunResult(_validate.LimitNames, BaseModel):
         return self.status == "completed" and self.exit_code == 0
 
     def to_json(self) -> bytes:
-        """One JSON object (orjson), UTF-8 bytes."""
-        return orjson.dumps(self.model_dump(mode="json"))
+        """One JSON object, UTF-8 bytes."""
+        return _json.dumps(self.model_dump(mode="json"))
 
     @classmethod
     def from_json(cls, data: Union[bytes, bytearray, memoryview, str]) -> RunResult:
         """The inverse of :meth:`to_json` (validated)."""
-        return cls.model_validate(orjson.loads(data))
+        return cls.model_validate(_json.loads(data))
 
 
 # --- run --------------------------------------------------------------------------------

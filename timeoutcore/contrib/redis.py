@@ -38,7 +38,7 @@ import uuid
 import weakref
 from typing import Any, Optional
 
-import orjson
+from .. import _json
 import redis
 import redis.connection
 from pydantic import BaseModel, ConfigDict
@@ -384,13 +384,13 @@ class DeadlineRegistry:
 
     def _apply(self, data: bytes) -> None:
         try:
-            msg = orjson.loads(data)
+            msg = _json.loads(data)
             job, token, op = msg["job"], msg["token"], msg["op"]
             if not (isinstance(job, str) and isinstance(token, str) and op in ("cancel", "extend")):
                 raise TypeError
             seconds = float(msg["seconds"]) if op == "extend" else 0.0
             n = int(msg.get("n", 0)) if op == "extend" else 0
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError):  # ValueError: JSONDecodeError of either engine
             log.warning("ignoring a malformed control message: %r", data[:200])
             return
         with self._lock:
