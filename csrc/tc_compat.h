@@ -3,12 +3,14 @@
  *
  * The rest of the core calls the helpers below and never tests
  * PY_VERSION_HEX itself.  Each switch cites the CPython change it follows.
- * Supported: CPython 3.11 to 3.14 (3.15 by design, untested).  Free-threaded
- * builds are refused at import by timeoutcore/_engine (not validated yet).
+ * Supported: CPython 3.11 to 3.14 (3.15 by design, untested), and the
+ * free-threaded 3.14t (TC_FREE_THREADED below; the core lock, tc_lock.h).
  *
  * Private CPython fields read here, and by whom:
  *   - PyThreadState.thread_id (all versions): the watchdog, with the GIL,
- *     to find the thread state of a slot's thread (tc_find_tstate);
+ *     to find the thread state of a slot's thread (tc_find_tstate; never
+ *     on a free-threaded build, where another thread's state may be freed
+ *     while it is read);
  *   - PyThreadState.curexc_type (3.11) / .current_exception (3.12+) and
  *     PyThreadState.exc_info->exc_value chain (3.11+): the watchdog, with the
  *     GIL, to see whether an interrupt is being raised or handled in a thread
@@ -30,6 +32,21 @@
 
 #if PY_VERSION_HEX < 0x030B0000
 #error "timeoutcore supports CPython 3.11 and later"
+#endif
+
+/* -- Free-threaded builds (PEP 703) -----------------------------------------
+ * 3.14t is supported (PEP 779 made it official there; 3.13t was
+ * experimental and lacks the public critical-section-on-a-mutex API the core
+ * lock uses, gh-123119).  On it: the core lock (tc_lock.h) replaces the GIL,
+ * the watchdog raises at the deadline without anticipation or switch
+ * interval, and no other thread's thread state is read. */
+#ifdef Py_GIL_DISABLED
+#if PY_VERSION_HEX < 0x030E0000
+#error "timeoutcore supports free-threaded CPython from 3.14 on (3.13t is not supported)"
+#endif
+#define TC_FREE_THREADED 1
+#else
+#define TC_FREE_THREADED 0
 #endif
 
 /* -- Stale scopes (3.13 only) ------------------------------------------------

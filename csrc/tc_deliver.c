@@ -35,7 +35,11 @@
  * exit, a scope's enter or exit -- still raise synchronously: they are where
  * the caller asked for it.  Without a hook (set-up failed, or sys.monitoring
  * had no free tool id) delivery falls back to PyThreadState_SetAsyncExc.
- * All of this runs with the GIL.
+ * All of this runs with the GIL -- on a free-threaded build inside the core
+ * lock (tc_lock.h), which the hook takes only after a lock-free look at its
+ * own slot's pending_any.  There the check stays the thread's own: no
+ * thread ever reads another thread's frames (they could be changing, or
+ * freed, under it), so the stack walk below needs no stop-the-world.
  */
 
 enum { HOOK_NONE = 0, HOOK_TRACE = 1, HOOK_MONITORING = 2 };
@@ -356,36 +360,56 @@ static int set_events(long mask)
     return 0;
 }
 
+/* g_armed, each slot's `hooked` and the events switched on change together
+ * under g_arm_mu (tc_lock.h; nothing with the GIL): on a free-threaded build
+ * set_events stops the world, which may suspend the caller's core lock, and
+ * an arm and a disarm must not overtake each other's event change. */
 static int hook_arm(tc_slot *s, PyThreadState *t)
 {
+    int r = 0;
     (void)t;
-    if (s->hooked)
-        return 0;
-    if (g_armed == 0 && set_events(g_events) < 0)
-        return -1;
-    g_armed++;
-    s->hooked = 1;
-    return 0;
+    TC_ARM_LOCK();
+    if (!s->hooked) {
+        if (g_armed == 0 && set_events(g_events) < 0)
+            r = -1;
+        else {
+            g_armed++;
+            s->hooked = 1;
+        }
+    }
+    TC_ARM_UNLOCK();
+    return r;
 }
 
 static void hook_disarm(tc_slot *s, PyThreadState *t)
 {
     (void)t;
-    if (!s->hooked)
-        return;
-    s->hooked = 0;
-    if (--g_armed == 0)
-        (void)set_events(0); /* on failure the events stay on: slower, not wrong */
+    TC_ARM_LOCK();
+    if (s->hooked) {
+        s->hooked = 0;
+        if (--g_armed == 0)
+            (void)set_events(0); /* on failure the events stay on: slower, not wrong */
+    }
+    TC_ARM_UNLOCK();
 }
 
 /* LINE callback (code, line). */
 static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     tc_slot *s = t_slot;
+    int r = 0;
     (void)m;
     (void)args;
     (void)nargs;
-    if (s != NULL && s->pending != NULL && deliver_here(s, 0, 0) < 0)
+    /* Every thread calls this while any delivery is pending: the test of
+     * its own slot needs no lock. */
+    if (s == NULL || !atomic_load(&s->pending_any))
+        Py_RETURN_NONE;
+    TC_CORE_BEGIN();
+    if (s->pending != NULL)
+        r = deliver_here(s, 0, 0);
+    TC_CORE_END();
+    if (r < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -395,8 +419,9 @@ static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     tc_slot *s = t_slot;
+    int r = 0;
     (void)m;
-    if (s == NULL || s->pending == NULL || nargs < 3)
+    if (s == NULL || !atomic_load(&s->pending_any) || nargs < 3)
         Py_RETURN_NONE;
     long from = PyLong_AsLong(args[1]), to = PyLong_AsLong(args[2]);
     if (PyErr_Occurred()) {
@@ -411,7 +436,11 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
         PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
         if (f != NULL && to != from && tc_uncovered_no_raise(f, (int)to))
             Py_RETURN_NONE;
-        if (deliver_here(s, to == from, TC_JUMP_RAISE_BROKEN) < 0)
+        TC_CORE_BEGIN();
+        if (s->pending != NULL)
+            r = deliver_here(s, to == from, TC_JUMP_RAISE_BROKEN);
+        TC_CORE_END();
+        if (r < 0)
             return NULL;
     }
     Py_RETURN_NONE;
@@ -542,6 +571,9 @@ static int deliver_here(tc_slot *s, int back_edge, int async_self)
         STAT_INC(hook_defers);
         return 0;
     }
+    if (s->pending == NULL || s->pending_scope != scope)
+        return 0; /* changed during the walk (free-threaded: the core lock may
+                     be suspended there); the next boundary decides again */
     STAT_INC(hook_raises);
     deliver_pending(s, async_self);
     return async_self ? 0 : -1;
@@ -561,6 +593,7 @@ static void deliver_pending(tc_slot *s, int async_self)
     int64_t now = now_ns();
     s->pending = NULL;
     s->pending_scope = NULL;
+    atomic_store(&s->pending_any, 0);
     hook_disarm(s, PyThreadState_Get());
     if (scope != NULL) {
         if (s->deferred_since != 0)
@@ -575,10 +608,16 @@ static void deliver_pending(tc_slot *s, int async_self)
     Py_DECREF(exc);
 }
 
-/* The thread state of the slot's thread (GIL held), or NULL if it is gone. */
+/* The thread state of the slot's thread (GIL held), or NULL if it is gone.
+ * Free-threaded: never looked up for another thread (tc_lock.h); the hook
+ * needs none there, and liveness is the slot's `alive`. */
 static PyThreadState *slot_tstate(tc_slot *s)
 {
+#if TC_FREE_THREADED
+    return s == t_slot ? PyThreadState_Get() : NULL;
+#else
     return s == t_slot ? PyThreadState_Get() : tc_find_tstate(s->ident);
+#endif
 }
 
 /* Make `exc` (a class) surface in the slot's thread for `scope` at its next
@@ -587,18 +626,28 @@ static PyThreadState *slot_tstate(tc_slot *s)
 static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
 {
     PyThreadState *t = slot_tstate(s);
+#if TC_FREE_THREADED
+    if (s != t_slot && !atomic_load(&s->alive))
+        return 0;
+#else
     if (t == NULL)
         return 0;
+#endif
     if (g_hook_mode != HOOK_NONE) {
         if (s->pending == g_interrupt && exc != g_interrupt)
             return 1;
         Py_INCREF(exc);
         Py_XSETREF(s->pending, exc);
         s->pending_scope = scope;
-        if (hook_arm(s, t) == 0)
+        atomic_store(&s->pending_any, 1);
+        if (hook_arm(s, t) == 0) {
+            if (s->pending == NULL) /* taken back while arming let the core lock go */
+                hook_disarm(s, t);
             return 1;
+        }
         Py_CLEAR(s->pending); /* no hook: fall back below */
         s->pending_scope = NULL;
+        atomic_store(&s->pending_any, 0);
     }
     STAT_INC(async_fallbacks);
     PyThreadState_SetAsyncExc(s->ident, exc);
@@ -616,11 +665,18 @@ static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
  * still see the thread (hook_nudge). */
 static void deliver_backstop(tc_slot *s)
 {
-    PyThreadState *t;
-    if (s->pending == NULL || !s->hooked || (t = tc_find_tstate(s->ident)) == NULL)
+    if (s->pending == NULL || !s->hooked)
+        return;
+#if TC_HOOK_TRACE
+    PyThreadState *t = tc_find_tstate(s->ident);
+    if (t == NULL)
         return;
     STAT_INC(backstops);
     hook_nudge(s, t);
+#else
+    STAT_INC(backstops);
+    hook_nudge(s, NULL); /* nothing to do there (no thread state needed) */
+#endif
 }
 
 /* Withdraw what was sent and has not surfaced yet.  Returns the time it had
@@ -631,6 +687,7 @@ static int64_t deliver_cancel(tc_slot *s)
     if (s->pending != NULL || s->hooked) {
         Py_CLEAR(s->pending);
         s->pending_scope = NULL;
+        atomic_store(&s->pending_any, 0);
         hook_disarm(s, slot_tstate(s));
     }
     s->deferred_since = 0;

@@ -4,7 +4,8 @@
  * Included once, by the unity build timeoutcore.c, before the parts
  * (tc_os.c, tc_slot.c, tc_watchdog.c, tc_scope.c, tc_module.c).  For each
  * field: who writes it, and under which lock.  "GIL" means the writer holds
- * the GIL; g_mu is the slot-registry mutex.
+ * the GIL -- on a free-threaded build, the core lock (tc_lock.h), which
+ * every such region holds instead; g_mu is the slot-registry mutex.
  */
 #ifndef TC_INTERNAL_H
 #define TC_INTERNAL_H
@@ -26,6 +27,7 @@
 
 #include "timeoutcore.h"
 #include "tc_compat.h"
+#include "tc_lock.h"
 
 /* -- Constants ------------------------------------------------------------- */
 
@@ -81,7 +83,9 @@ typedef struct tc_slot {
 
     /* g_mu: set by slot_get (GIL), cleared by slot_release at thread exit
      * (no GIL) and by the atfork child handler. */
-    int alive;                     /* owned by a running thread            */
+    _Atomic int alive;             /* owned by a running thread (read
+                                      without g_mu by the watchdog and, on
+                                      a free-threaded build, as liveness) */
     int timer_ok;                  /* timer_id is a live kernel timer      */
     int timer_id;
 
@@ -122,9 +126,12 @@ typedef struct tc_slot {
      * point or when it takes the delivery back. */
     PyObject *pending;             /* exception class to raise at the next
                                       safe line boundary, or NULL (strong) */
+    _Atomic int pending_any;       /* pending != NULL, for the hook's test
+                                      without the core lock (tc_lock.h)    */
     PyObject *pending_scope;       /* the scope it is for (borrowed: on the
                                       stack while set)                     */
-    int hooked;                    /* the delivery hook is armed for it    */
+    _Atomic int hooked;            /* the delivery hook is armed for it
+                                      (written under g_arm_mu, tc_lock.h)  */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
     int64_t deferred_since;        /* first time the hook found protected
                                       code on the stack, 0 if not yet      */

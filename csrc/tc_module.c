@@ -1,7 +1,9 @@
 /*
  * tc_module.c -- the Shield type, the functions of the Python-facing module
  * (timeoutcore._core), fork handling, and the cffi entry points.  Part of
- * the unity build (timeoutcore.c).
+ * the unity build (timeoutcore.c).  Free-threaded: each function that
+ * touches core state runs inside the core lock (TC_LOCKED_ wrappers,
+ * tc_lock.h).
  */
 
 /* -- Shield: hold interrupts back; deliver at exit ---------------------------- */
@@ -11,7 +13,7 @@ typedef struct {
     int state;
 } Shield;
 
-static PyObject *Shield_enter(PyObject *self, PyObject *unused)
+static PyObject *Shield_enter_locked(PyObject *self, PyObject *unused)
 {
     (void)unused;
     Shield *sh = (Shield *)self;
@@ -35,8 +37,9 @@ static PyObject *Shield_enter(PyObject *self, PyObject *unused)
     Py_INCREF(self);
     return self;
 }
+TC_LOCKED_2(PyObject *, Shield_enter, PyObject *, PyObject *)
 
-static PyObject *Shield_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *Shield_exit_locked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)args;
     (void)nargs;
@@ -57,6 +60,7 @@ static PyObject *Shield_exit(PyObject *self, PyObject *const *args, Py_ssize_t n
     }
     Py_RETURN_FALSE;
 }
+TC_LOCKED_3(PyObject *, Shield_exit, PyObject *, PyObject *const *, Py_ssize_t)
 
 static PyMethodDef Shield_methods[] = {
     {"__enter__", Shield_enter, METH_NOARGS, "Hold interrupts back."},
@@ -84,7 +88,7 @@ static PyType_Spec Shield_spec = {
 /* Module functions                                                         */
 
 /* sleep(seconds): ends at the current thread's deadline and raises there. */
-static PyObject *mod_sleep(PyObject *m, PyObject *arg)
+static PyObject *mod_sleep_locked(PyObject *m, PyObject *arg)
 {
     (void)m;
     double secs;
@@ -130,11 +134,12 @@ static PyObject *mod_sleep(PyObject *m, PyObject *arg)
             Py_RETURN_NONE;
     }
 }
+TC_LOCKED_2(PyObject *, mod_sleep, PyObject *, PyObject *)
 
 /* checkpoint(): raise the interrupt here if this thread's deadline has
  * passed (or has fired and was swallowed); else return None.  For waits that
  * end by their own timeout at the deadline. */
-static PyObject *mod_checkpoint(PyObject *m, PyObject *unused)
+static PyObject *mod_checkpoint_locked(PyObject *m, PyObject *unused)
 {
     (void)m;
     (void)unused;
@@ -142,8 +147,9 @@ static PyObject *mod_checkpoint(PyObject *m, PyObject *unused)
         return NULL;
     Py_RETURN_NONE;
 }
+TC_LOCKED_2(PyObject *, mod_checkpoint, PyObject *, PyObject *)
 
-static PyObject *mod_remaining(PyObject *m, PyObject *unused)
+static PyObject *mod_remaining_locked(PyObject *m, PyObject *unused)
 {
     (void)m;
     (void)unused;
@@ -156,10 +162,11 @@ static PyObject *mod_remaining(PyObject *m, PyObject *unused)
     int64_t r = d - now_ns();
     return PyFloat_FromDouble(r > 0 ? (double)r / TC_NS_PER_S_F : 0.0);
 }
+TC_LOCKED_2(PyObject *, mod_remaining, PyObject *, PyObject *)
 
 /* current_deadline(): this thread's effective (earliest) deadline as a
  * time.monotonic() value, or None when no scope with a deadline is active. */
-static PyObject *mod_current_deadline(PyObject *m, PyObject *unused)
+static PyObject *mod_current_deadline_locked(PyObject *m, PyObject *unused)
 {
     (void)m;
     (void)unused;
@@ -168,8 +175,9 @@ static PyObject *mod_current_deadline(PyObject *m, PyObject *unused)
         Py_RETURN_NONE;
     return ns_to_float(atomic_load(&s->deadline));
 }
+TC_LOCKED_2(PyObject *, mod_current_deadline, PyObject *, PyObject *)
 
-static PyObject *mod_current(PyObject *m, PyObject *unused)
+static PyObject *mod_current_locked(PyObject *m, PyObject *unused)
 {
     (void)m;
     (void)unused;
@@ -179,6 +187,7 @@ static PyObject *mod_current(PyObject *m, PyObject *unused)
     Py_INCREF(s->top);
     return s->top;
 }
+TC_LOCKED_2(PyObject *, mod_current, PyObject *, PyObject *)
 
 static PyObject *mod_shield(PyObject *m, PyObject *unused)
 {
@@ -188,7 +197,7 @@ static PyObject *mod_shield(PyObject *m, PyObject *unused)
 }
 
 /* _set_default_hook(hook or None): every scope created from now on gets it. */
-static PyObject *mod_set_default_hook(PyObject *m, PyObject *hook)
+static PyObject *mod_set_default_hook_locked(PyObject *m, PyObject *hook)
 {
     (void)m;
     if (hook != Py_None && !PyCallable_Check(hook)) {
@@ -203,12 +212,13 @@ static PyObject *mod_set_default_hook(PyObject *m, PyObject *hook)
     }
     Py_RETURN_NONE;
 }
+TC_LOCKED_2(PyObject *, mod_set_default_hook, PyObject *, PyObject *)
 
 /* _raise_in_scope(scope, exc_type) -> bool: raise exc_type asynchronously in
  * the thread running `scope`, if the scope is still active, not shielded and
  * its deadline has not fired.  Atomic with respect to the scope's exit (both
  * hold the GIL); the exit takes back an undelivered one. */
-static PyObject *mod_raise_in_scope(PyObject *m, PyObject *args)
+static PyObject *mod_raise_in_scope_locked(PyObject *m, PyObject *args)
 {
     (void)m;
     PyObject *scope, *exc;
@@ -230,15 +240,18 @@ static PyObject *mod_raise_in_scope(PyObject *m, PyObject *args)
     if (sc->state != SCOPE_ACTIVE || s == NULL || !s->alive || s->ident != sc->ident ||
         atomic_load(&s->shield) > 0 || atomic_load(&s->state) == SLOT_INJECTED)
         Py_RETURN_FALSE; /* not (or no longer) running in a live thread of its own */
+#if !TC_FREE_THREADED /* there: `alive` above is the liveness test (tc_lock.h) */
     if (tc_find_tstate(s->ident) == NULL)
         Py_RETURN_FALSE; /* its thread is gone (a stale scope) */
+#endif
     sc->soft_pending = 1;
     atomic_fetch_add(&s->raised, 1);
     slot_inject(s, exc, scope);
     Py_RETURN_TRUE;
 }
+TC_LOCKED_2(PyObject *, mod_raise_in_scope, PyObject *, PyObject *)
 
-static PyObject *mod_setup(PyObject *m, PyObject *args)
+static PyObject *mod_setup_locked(PyObject *m, PyObject *args)
 {
     (void)m;
     PyObject *interrupt, *exceeded;
@@ -250,9 +263,10 @@ static PyObject *mod_setup(PyObject *m, PyObject *args)
     Py_XSETREF(g_exceeded, exceeded);
     Py_RETURN_NONE;
 }
+TC_LOCKED_2(PyObject *, mod_setup, PyObject *, PyObject *)
 
 /* Stop and join the watchdog (atexit).  Safe to call more than once. */
-static PyObject *mod_shutdown(PyObject *m, PyObject *unused)
+static PyObject *mod_shutdown_locked(PyObject *m, PyObject *unused)
 {
     (void)m;
     (void)unused;
@@ -263,10 +277,11 @@ static PyObject *mod_shutdown(PyObject *m, PyObject *unused)
     }
     Py_RETURN_NONE;
 }
+TC_LOCKED_2(PyObject *, mod_shutdown, PyObject *, PyObject *)
 
 /* _setup_delivery() -> "trace" | "monitoring": arm the safe-delivery hook
  * (tc_deliver.c).  On failure raises, and delivery stays asynchronous. */
-static PyObject *mod_setup_delivery(PyObject *m, PyObject *unused)
+static PyObject *mod_setup_delivery_locked(PyObject *m, PyObject *unused)
 {
     (void)m;
     (void)unused;
@@ -283,10 +298,11 @@ static PyObject *mod_setup_delivery(PyObject *m, PyObject *unused)
     g_hook_mode = TC_HOOK_TRACE ? HOOK_TRACE : HOOK_MONITORING;
     return PyUnicode_FromString(g_hook_mode == HOOK_TRACE ? "trace" : "monitoring");
 }
+TC_LOCKED_2(PyObject *, mod_setup_delivery, PyObject *, PyObject *)
 
 /* _set_protection(names, codes): protected modules (a tuple of str: each a
  * module, its submodules included) and code objects (a set, or None). */
-static PyObject *mod_set_protection(PyObject *m, PyObject *args)
+static PyObject *mod_set_protection_locked(PyObject *m, PyObject *args)
 {
     PyObject *names, *codes;
     (void)m;
@@ -312,11 +328,12 @@ static PyObject *mod_set_protection(PyObject *m, PyObject *args)
     g_prot_gen++; /* every cached verdict is stale now */
     Py_RETURN_NONE;
 }
+TC_LOCKED_2(PyObject *, mod_set_protection, PyObject *, PyObject *)
 
 /* _set_deferral_report(report, cap): call report(scope) at the exit of a
  * scope whose interrupt waited longer than `cap` seconds for protected
  * code (once per scope, shielded); report None turns it off. */
-static PyObject *mod_set_deferral_report(PyObject *m, PyObject *args)
+static PyObject *mod_set_deferral_report_locked(PyObject *m, PyObject *args)
 {
     PyObject *report;
     double cap;
@@ -340,8 +357,9 @@ static PyObject *mod_set_deferral_report(PyObject *m, PyObject *args)
     }
     Py_RETURN_NONE;
 }
+TC_LOCKED_2(PyObject *, mod_set_deferral_report, PyObject *, PyObject *)
 
-static PyObject *mod_delivery_mode(PyObject *m, PyObject *unused)
+static PyObject *mod_delivery_mode_locked(PyObject *m, PyObject *unused)
 {
     (void)m;
     (void)unused;
@@ -349,6 +367,7 @@ static PyObject *mod_delivery_mode(PyObject *m, PyObject *unused)
                                 : g_hook_mode == HOOK_MONITORING ? "monitoring"
                                                                  : "async");
 }
+TC_LOCKED_2(PyObject *, mod_delivery_mode, PyObject *, PyObject *)
 
 /* _anticipation() -> (lead, switch) in seconds: how long before a deadline
  * the watchdog asks for the GIL, and the switch interval it plans with. */
@@ -360,16 +379,17 @@ static PyObject *mod_anticipation(PyObject *m, PyObject *unused)
                          (double)atomic_load(&g_switch) / TC_NS_PER_S_F);
 }
 
-static PyObject *mod_watchdog_running(PyObject *m, PyObject *unused)
+static PyObject *mod_watchdog_running_locked(PyObject *m, PyObject *unused)
 {
     (void)m;
     (void)unused;
     return PyBool_FromLong(wd_running());
 }
+TC_LOCKED_2(PyObject *, mod_watchdog_running, PyObject *, PyObject *)
 
 /* Start the watchdog again if any live slot has an armed deadline (after a
  * fork, in parent or child).  GIL held. */
-static PyObject *mod_ensure_watchdog(PyObject *m, PyObject *unused)
+static PyObject *mod_ensure_watchdog_locked(PyObject *m, PyObject *unused)
 {
     (void)m;
     (void)unused;
@@ -400,6 +420,7 @@ static PyObject *mod_ensure_watchdog(PyObject *m, PyObject *unused)
         return NULL;
     Py_RETURN_NONE;
 }
+TC_LOCKED_2(PyObject *, mod_ensure_watchdog, PyObject *, PyObject *)
 
 static PyMethodDef mod_methods[] = {
     {"sleep", mod_sleep, METH_O,
@@ -495,6 +516,12 @@ static int export_locked(const char *modname)
     mod = PyModule_Create(&g_moddef);
     if (mod == NULL)
         return -1;
+#if TC_FREE_THREADED
+    /* Safe without the GIL (tc_lock.h).  The module is put in sys.modules by
+     * hand, not imported, so this is a declaration for tools that look. */
+    if (PyUnstable_Module_SetGIL(mod, Py_MOD_GIL_NOT_USED) < 0)
+        goto fail;
+#endif
     if (PyModule_AddFunctions(mod, mod_methods) < 0)
         goto fail;
     if (g_scope_type == NULL && (g_scope_type = PyType_FromSpec(&Scope_spec)) == NULL)

@@ -7,7 +7,11 @@
  * release it between "the block finished" and "disarmed, pending interrupt
  * taken back": no bytecode runs there, so the interrupt cannot surface after
  * the block.  The only Python code they call is the scope's hook, before
- * arming (enter) and after disarming, shielded (exit).
+ * arming (enter) and after disarming, shielded (exit), and DeadlineExceeded's
+ * constructor at the very end.
+ * Free-threaded: every method and getter runs inside the core lock (the
+ * TC_LOCKED_ wrappers after each *_locked function; tc_lock.h), which is let
+ * go around those three calls as the GIL could be.
  */
 
 /* Parse a positive finite number of seconds; NULL/None -> NAN.  Names the
@@ -129,8 +133,12 @@ static int Scope_init(PyObject *self, PyObject *args, PyObject *kw)
     sc->raise_on_timeout = raise_on_timeout;
     Py_INCREF(label);
     Py_XSETREF(sc->label, label);
-    Py_XINCREF(g_default_hook);
-    Py_XSETREF(sc->hook, g_default_hook);
+    {
+        TC_CORE_BEGIN(); /* g_default_hook may be replaced meanwhile */
+        Py_XINCREF(g_default_hook);
+        Py_XSETREF(sc->hook, g_default_hook);
+        TC_CORE_END();
+    }
     if (extras != NULL) {
         PyObject *res = PyObject_CallMethod(self, "_init_extras", "O", extras);
         Py_DECREF(extras);
@@ -141,7 +149,7 @@ static int Scope_init(PyObject *self, PyObject *args, PyObject *kw)
     return 0;
 fail:
     if (known != kw)
-        Py_DECREF(known);
+        Py_XDECREF(known); /* NULL when PyDict_Copy failed */
     Py_XDECREF(extras);
     return -1;
 }
@@ -192,7 +200,7 @@ static PyObject *Scope_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return self;
 }
 
-static PyObject *Scope_enter(PyObject *self, PyObject *unused)
+static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
 {
     Scope *sc = as_scope(self);
     tc_slot *s;
@@ -235,7 +243,12 @@ static PyObject *Scope_enter(PyObject *self, PyObject *unused)
     }
     if (sc->hook != NULL) {
         /* Before anything is armed: if the hook fails, nothing is left. */
-        PyObject *r = PyObject_CallFunction(sc->hook, "OsO", self, "enter", Py_None);
+        PyObject *hook = sc->hook, *r;
+        Py_INCREF(hook);
+        core_yield();
+        r = PyObject_CallFunction(hook, "OsO", self, "enter", Py_None);
+        core_resume();
+        Py_DECREF(hook);
         if (r == NULL)
             return NULL;
         Py_DECREF(r);
@@ -271,11 +284,14 @@ static PyObject *Scope_enter(PyObject *self, PyObject *unused)
     Py_INCREF(self);
     return self;
 }
+TC_LOCKED_2(PyObject *, Scope_enter, PyObject *, PyObject *)
 
 /* Build DeadlineExceeded for `self` and set it as the current error. */
 static void raise_exceeded(PyObject *self, int interrupt_was_in_flight)
 {
+    core_yield(); /* Python code; the scope is done, nothing is armed for it */
     PyObject *exc = PyObject_CallFunctionObjArgs(g_exceeded, self, NULL);
+    core_resume();
     if (exc == NULL)
         return;
     PyErr_SetObject((PyObject *)Py_TYPE(exc), exc); /* a subclass when cancelled */
@@ -305,8 +321,10 @@ static int run_exit_hook(tc_slot *s, PyObject *hook, PyObject *self, PyObject *e
         slot_take_back(s);
     PyErr_Fetch(&et, &ev, &tb);
     Py_INCREF(hook);
+    core_yield(); /* shielded: nothing is raised into the thread meanwhile */
     r = exc != NULL ? PyObject_CallFunction(hook, "OsO", self, "exit", exc)
                     : PyObject_CallOneArg(hook, self);
+    core_resume();
     if (r == NULL)
         PyErr_WriteUnraisable(hook);
     Py_XDECREF(r);
@@ -323,7 +341,7 @@ static int run_exit_hook(tc_slot *s, PyObject *hook, PyObject *self, PyObject *e
     return held;
 }
 
-static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     Scope *sc = as_scope(self);
     tc_slot *s = t_slot;
@@ -404,6 +422,7 @@ static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     Py_RETURN_FALSE;
 }
+TC_LOCKED_3(PyObject *, Scope_exit, PyObject *, PyObject *const *, Py_ssize_t)
 
 static PyObject *ns_to_float(int64_t ns)
 {
@@ -412,7 +431,7 @@ static PyObject *ns_to_float(int64_t ns)
     return PyFloat_FromDouble((double)ns / TC_NS_PER_S_F);
 }
 
-static PyObject *Scope_when(PyObject *self, PyObject *unused)
+static PyObject *Scope_when_locked(PyObject *self, PyObject *unused)
 {
     (void)unused;
     Scope *sc = as_scope(self);
@@ -420,8 +439,9 @@ static PyObject *Scope_when(PyObject *self, PyObject *unused)
         Py_RETURN_NONE;
     return ns_to_float(sc->deadline);
 }
+TC_LOCKED_2(PyObject *, Scope_when, PyObject *, PyObject *)
 
-static PyObject *Scope_reschedule(PyObject *self, PyObject *when)
+static PyObject *Scope_reschedule_locked(PyObject *self, PyObject *when)
 {
     Scope *sc = as_scope(self);
     int64_t d;
@@ -449,14 +469,16 @@ static PyObject *Scope_reschedule(PyObject *self, PyObject *when)
     }
     Py_RETURN_NONE;
 }
+TC_LOCKED_2(PyObject *, Scope_reschedule, PyObject *, PyObject *)
 
-static PyObject *Scope_expired(PyObject *self, PyObject *unused)
+static PyObject *Scope_expired_locked(PyObject *self, PyObject *unused)
 {
     (void)unused;
     return PyBool_FromLong(as_scope(self)->expired);
 }
+TC_LOCKED_2(PyObject *, Scope_expired, PyObject *, PyObject *)
 
-static PyObject *Scope_remaining(PyObject *self, PyObject *unused)
+static PyObject *Scope_remaining_locked(PyObject *self, PyObject *unused)
 {
     (void)unused;
     Scope *sc = as_scope(self);
@@ -469,8 +491,9 @@ static PyObject *Scope_remaining(PyObject *self, PyObject *unused)
     int64_t r = sc->deadline - end;
     return PyFloat_FromDouble(r > 0 ? (double)r / TC_NS_PER_S_F : 0.0);
 }
+TC_LOCKED_2(PyObject *, Scope_remaining, PyObject *, PyObject *)
 
-static PyObject *Scope_elapsed(PyObject *self, PyObject *unused)
+static PyObject *Scope_elapsed_locked(PyObject *self, PyObject *unused)
 {
     (void)unused;
     Scope *sc = as_scope(self);
@@ -479,15 +502,17 @@ static PyObject *Scope_elapsed(PyObject *self, PyObject *unused)
     int64_t end = sc->state == SCOPE_DONE ? sc->exited : now_ns();
     return PyFloat_FromDouble((double)(end - sc->entered) / TC_NS_PER_S_F);
 }
+TC_LOCKED_2(PyObject *, Scope_elapsed, PyObject *, PyObject *)
 
-static PyObject *Scope_get_label(PyObject *self, void *c)
+static PyObject *Scope_get_label_locked(PyObject *self, void *c)
 {
     (void)c;
     Py_INCREF(as_scope(self)->label);
     return as_scope(self)->label;
 }
+TC_LOCKED_2(PyObject *, Scope_get_label, PyObject *, void *)
 
-static PyObject *Scope_get_limit(PyObject *self, void *c)
+static PyObject *Scope_get_limit_locked(PyObject *self, void *c)
 {
     (void)c;
     Scope *sc = as_scope(self);
@@ -497,8 +522,9 @@ static PyObject *Scope_get_limit(PyObject *self, void *c)
         Py_RETURN_NONE;
     return PyFloat_FromDouble((double)(sc->deadline - sc->entered) / TC_NS_PER_S_F);
 }
+TC_LOCKED_2(PyObject *, Scope_get_limit, PyObject *, void *)
 
-static PyObject *Scope_get_overshoot(PyObject *self, void *c)
+static PyObject *Scope_get_overshoot_locked(PyObject *self, void *c)
 {
     (void)c;
     Scope *sc = as_scope(self);
@@ -507,8 +533,9 @@ static PyObject *Scope_get_overshoot(PyObject *self, void *c)
     int64_t o = sc->exited - sc->deadline;
     return PyFloat_FromDouble(o > 0 ? (double)o / TC_NS_PER_S_F : 0.0);
 }
+TC_LOCKED_2(PyObject *, Scope_get_overshoot, PyObject *, void *)
 
-static PyObject *Scope_get_deferred(PyObject *self, void *c)
+static PyObject *Scope_get_deferred_locked(PyObject *self, void *c)
 {
     Scope *sc = as_scope(self);
     (void)c;
@@ -517,8 +544,9 @@ static PyObject *Scope_get_deferred(PyObject *self, void *c)
         Py_RETURN_NONE;
     return PyFloat_FromDouble((double)sc->deferred_ns / TC_NS_PER_S_F);
 }
+TC_LOCKED_2(PyObject *, Scope_get_deferred, PyObject *, void *)
 
-static PyObject *Scope_get_deferred_where(PyObject *self, void *c)
+static PyObject *Scope_get_deferred_where_locked(PyObject *self, void *c)
 {
     (void)c;
     PyObject *w = as_scope(self)->deferred_where;
@@ -527,66 +555,75 @@ static PyObject *Scope_get_deferred_where(PyObject *self, void *c)
     Py_INCREF(w);
     return w;
 }
+TC_LOCKED_2(PyObject *, Scope_get_deferred_where, PyObject *, void *)
 
-static PyObject *Scope_get_delivered_at(PyObject *self, void *c)
+static PyObject *Scope_get_delivered_at_locked(PyObject *self, void *c)
 {
     (void)c;
     if (as_scope(self)->delivered_at == 0)
         Py_RETURN_NONE;
     return ns_to_float(as_scope(self)->delivered_at);
 }
+TC_LOCKED_2(PyObject *, Scope_get_delivered_at, PyObject *, void *)
 
-static PyObject *Scope_get_fired_at(PyObject *self, void *c)
+static PyObject *Scope_get_fired_at_locked(PyObject *self, void *c)
 {
     (void)c;
     if (!as_scope(self)->expired)
         Py_RETURN_NONE;
     return ns_to_float(as_scope(self)->fired_at);
 }
+TC_LOCKED_2(PyObject *, Scope_get_fired_at, PyObject *, void *)
 
-static PyObject *Scope_get_entered_at(PyObject *self, void *c)
+static PyObject *Scope_get_entered_at_locked(PyObject *self, void *c)
 {
     (void)c;
     if (as_scope(self)->state == SCOPE_NEW)
         Py_RETURN_NONE;
     return ns_to_float(as_scope(self)->entered);
 }
+TC_LOCKED_2(PyObject *, Scope_get_entered_at, PyObject *, void *)
 
-static PyObject *Scope_get_exited_at(PyObject *self, void *c)
+static PyObject *Scope_get_exited_at_locked(PyObject *self, void *c)
 {
     (void)c;
     if (as_scope(self)->state != SCOPE_DONE || as_scope(self)->exited == 0)
         Py_RETURN_NONE;
     return ns_to_float(as_scope(self)->exited);
 }
+TC_LOCKED_2(PyObject *, Scope_get_exited_at, PyObject *, void *)
 
-static PyObject *Scope_get_active(PyObject *self, void *c)
+static PyObject *Scope_get_active_locked(PyObject *self, void *c)
 {
     (void)c;
     return PyBool_FromLong(as_scope(self)->state == SCOPE_ACTIVE);
 }
+TC_LOCKED_2(PyObject *, Scope_get_active, PyObject *, void *)
 
-static PyObject *Scope_get_used(PyObject *self, void *c)
+static PyObject *Scope_get_used_locked(PyObject *self, void *c)
 {
     (void)c;
     return PyBool_FromLong(as_scope(self)->state != SCOPE_NEW);
 }
+TC_LOCKED_2(PyObject *, Scope_get_used, PyObject *, void *)
 
-static PyObject *Scope_get_raise(PyObject *self, void *c)
+static PyObject *Scope_get_raise_locked(PyObject *self, void *c)
 {
     (void)c;
     return PyBool_FromLong(as_scope(self)->raise_on_timeout);
 }
+TC_LOCKED_2(PyObject *, Scope_get_raise, PyObject *, void *)
 
-static PyObject *Scope_get_native_id(PyObject *self, void *c)
+static PyObject *Scope_get_native_id_locked(PyObject *self, void *c)
 {
     (void)c;
     if (as_scope(self)->state == SCOPE_NEW)
         Py_RETURN_NONE;
     return PyLong_FromLong((long)as_scope(self)->native_id);
 }
+TC_LOCKED_2(PyObject *, Scope_get_native_id, PyObject *, void *)
 
-static PyObject *Scope_get_exit_exc(PyObject *self, void *c)
+static PyObject *Scope_get_exit_exc_locked(PyObject *self, void *c)
 {
     (void)c;
     PyObject *e = as_scope(self)->exit_exc;
@@ -595,8 +632,9 @@ static PyObject *Scope_get_exit_exc(PyObject *self, void *c)
     Py_INCREF(e);
     return e;
 }
+TC_LOCKED_2(PyObject *, Scope_get_exit_exc, PyObject *, void *)
 
-static PyObject *Scope_get_hook(PyObject *self, void *c)
+static PyObject *Scope_get_hook_locked(PyObject *self, void *c)
 {
     (void)c;
     PyObject *h = as_scope(self)->hook;
@@ -605,8 +643,9 @@ static PyObject *Scope_get_hook(PyObject *self, void *c)
     Py_INCREF(h);
     return h;
 }
+TC_LOCKED_2(PyObject *, Scope_get_hook, PyObject *, void *)
 
-static int Scope_set_hook(PyObject *self, PyObject *value, void *c)
+static int Scope_set_hook_locked(PyObject *self, PyObject *value, void *c)
 {
     (void)c;
     if (as_scope(self)->state == SCOPE_DONE) {
@@ -623,14 +662,16 @@ static int Scope_set_hook(PyObject *self, PyObject *value, void *c)
     Py_XSETREF(as_scope(self)->hook, value);
     return 0;
 }
+TC_LOCKED_3(int, Scope_set_hook, PyObject *, PyObject *, void *)
 
-static PyObject *Scope_get_thread_ident(PyObject *self, void *c)
+static PyObject *Scope_get_thread_ident_locked(PyObject *self, void *c)
 {
     (void)c;
     if (as_scope(self)->state == SCOPE_NEW)
         Py_RETURN_NONE;
     return PyLong_FromUnsignedLong(as_scope(self)->ident);
 }
+TC_LOCKED_2(PyObject *, Scope_get_thread_ident, PyObject *, void *)
 
 static PyMethodDef Scope_methods[] = {
     {"__enter__", Scope_enter, METH_NOARGS, "Arm the deadline; returns the scope."},

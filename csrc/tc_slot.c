@@ -20,7 +20,8 @@
  *   slot_claim       the scope that fired is exiting: it claims the
  *                    interrupt (taken back, slot IDLE);
  *   slot_deliver_held  a shield or exit hook ends: deliver what was held.
- * Everything here runs with the GIL, except slot_release (thread exit).
+ * Everything here runs with the GIL (free-threaded: inside the core lock,
+ * tc_lock.h), except slot_release (thread exit).
  */
 
 /* -- The scope stack ---------------------------------------------------------- */
@@ -164,15 +165,16 @@ static int slot_fire(tc_slot *s, int64_t now, int local)
 /* Is our interrupt being raised, or handled (except/finally/__exit__), in
  * that thread now?  Then it was not swallowed, and raising it again would
  * tear the handler that is cleaning up. */
+#if !TC_FREE_THREADED
 static int interrupt_in_flight(PyThreadState *t)
 {
     return tc_raising(t, g_interrupt) || tc_handling(t, g_interrupt);
 }
+#endif
 
 /* The body may have swallowed the interrupt: raise it again (watchdog). */
 static void slot_reinject(tc_slot *s, int64_t now)
 {
-    PyThreadState *t;
     if (atomic_load(&s->shield) > 0 || s->fired == NULL)
         return;
     if (s->reinject_step < TC_REINJECT_MAX_NS)
@@ -183,9 +185,17 @@ static void slot_reinject(tc_slot *s, int64_t now)
         deliver_backstop(s);
         return;
     }
-    t = tc_find_tstate(s->ident);
+#if TC_FREE_THREADED
+    /* Another thread's exception state cannot be read here (tc_lock.h): send
+     * it; the hook, in the thread, waits while the interrupt is being raised
+     * or handled (deliver_here), and the scope's exit takes it back. */
+    if (!atomic_load(&s->alive))
+        return;
+#else
+    PyThreadState *t = tc_find_tstate(s->ident);
     if (t == NULL || interrupt_in_flight(t))
         return;
+#endif
     STAT_INC(reinjections);
     slot_inject(s, g_interrupt, s->fired);
 }

@@ -8,6 +8,14 @@
  * (wd_sweep).  It never holds g_mu while it waits for the GIL; it takes g_mu
  * while holding the GIL.  It has all signals blocked, timer slack 1 ns, and
  * one thread state of its own, made once and reused.
+ *
+ * Free-threaded (TC_FREE_THREADED): there is no GIL to wait for, so no
+ * anticipation, no requeue and no fast window -- the watchdog sleeps to the
+ * deadline itself, attaches its thread state (immediate, unless a
+ * stop-the-world is under way), acts on each due slot inside the core lock
+ * (tc_lock.h) and detaches again.  A slot's thread may be exiting meanwhile:
+ * slot_fire/slot_reinject go by the slot's `alive` flag, never by its
+ * thread state.
  */
 
 static pthread_t g_wd;
@@ -155,20 +163,28 @@ static void wd_sweep(int64_t now)
         pthread_mutex_unlock(&g_mu);
         for (int i = 0; i < n; i++) {
             tc_slot *s = due[i];
+            TC_CORE_BEGIN();
             int st = atomic_load(&s->state); /* again: its owner may have moved on */
-            if (!s->alive)
-                continue;
-            if (st == SLOT_ARMED && atomic_load(&s->deadline) <= now)
-                slot_fire(s, now, 0);
-            else if (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)
-                slot_reinject(s, now);
+            if (s->alive) {
+                if (st == SLOT_ARMED && atomic_load(&s->deadline) <= now)
+                    slot_fire(s, now, 0);
+                else if (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)
+                    slot_reinject(s, now);
+            }
+            TC_CORE_END();
         }
     } while (more);
 }
 
-/* With the GIL: keep the lead one switch interval + a margin. */
+/* With the GIL: keep the lead one switch interval + a margin.
+ * Free-threaded: no GIL to ask for, so no lead at all. */
 static void refresh_switch_interval(void)
 {
+#if TC_FREE_THREADED
+    atomic_store(&g_lead, 0);
+    atomic_store(&g_switch, 0);
+    return;
+#endif
     /* sys from sys.modules, not an import: no import lock for the watchdog. */
     static PyObject *name; /* interned once, kept: GIL held */
     double v = 0.0;
@@ -308,7 +324,8 @@ static void *wd_main(void *arg)
             break;
         }
         int64_t t1 = now_ns();
-        if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
+        if (!TC_FREE_THREADED && ev.deadline != TC_NEVER && ev.deadline > t1 &&
+            atomic_load(&ev.slot->gen) == ev.gen) {
             if (t1 - t0 < atomic_load(&g_switch) / 2 && ev.deadline - t1 > TC_REQUEUE_MIN_LEFT_NS) {
                 /* The GIL came easily: the body releases it often (I/O).
                  * Holding it for the rest of the lead would stall the body;
