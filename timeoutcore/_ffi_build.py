@@ -11,6 +11,7 @@ newer compiler.
 """
 
 import os
+import sysconfig
 from pathlib import Path
 
 from cffi import FFI
@@ -24,6 +25,11 @@ _FLAGS = ["-std=gnu11", "-O2", "-Wall", "-Wextra", "-Wundef", "-Wno-unused-param
 if os.environ.get("TIMEOUTCORE_WERROR", "") not in ("", "0"):
     _FLAGS.append("-Werror")
 
+# Free-threaded CPython (3.14t): cffi writes "#define _CFFI_NO_LIMITED_API" into the wrapper
+# and also passes -D_CFFI_NO_LIMITED_API (value 1): a macro redefinition, which -Werror
+# turns into a failed build. The command-line copy is dropped; the wrapper's stays.
+_UNDEF = ["_CFFI_NO_LIMITED_API"] if sysconfig.get_config_var("Py_GIL_DISABLED") else []
+
 ffibuilder = FFI()
 ffibuilder.cdef(_HEADER.split("/* cdef-begin")[1].split("*/", 1)[1].split("/* cdef-end */")[0])
 ffibuilder.set_source(
@@ -35,6 +41,7 @@ ffibuilder.set_source(
     depends=sorted(f"csrc/{p.name}" for p in _CSRC.iterdir() if p.suffix in (".c", ".h")),
     include_dirs=["csrc"],
     extra_compile_args=_FLAGS,
+    undef_macros=_UNDEF,
     py_limited_api=False,
 )
 
