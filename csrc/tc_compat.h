@@ -238,7 +238,11 @@ static inline int tc_at_with_exit(PyFrameObject *f)
  * compiler does not always give them the enclosing handler: the NOP of a
  * `pass` that is a with's whole body lies outside the with's range on
  * 3.11-3.14 (`with sem: pass`: raising at its line event skipped
- * Semaphore.__exit__; tests/test_integrity.py).  So an exception may be
+ * Semaphore.__exit__; tests/test_integrity.py), and so does the SWAP that
+ * starts the exit of a with whose block ends in `return <value>` (its line
+ * is the with's own: raising there skipped the scope's __exit__ and the
+ * internal interrupt escaped the block -- `with thread_deadline(s): return
+ * fn()` with fn outlasting s).  So an exception may be
  * raised "at" an instruction that cannot raise only if the exception table
  * gives it the handler of the instruction before it (the code it continues);
  * else the next line boundary is the place.  Opcodes are deoptimised. */
@@ -247,6 +251,13 @@ static inline int tc_op_cannot_raise(int op)
     switch (op) {
     case NOP:
     case POP_TOP:
+    case SWAP: /* `return f()` in a with: SWAP starts its exit, uncovered */
+    case COPY:
+    case PUSH_NULL:
+    case LOAD_CONST:
+#ifdef LOAD_SMALL_INT
+    case LOAD_SMALL_INT: /* 3.14 */
+#endif
     case RESUME:
     case JUMP_FORWARD:
     case JUMP_BACKWARD:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -622,3 +623,41 @@ def test_a_fork_child_does_not_keep_a_dead_threads_delivery_armed(tmp_path: Path
     child, parent = p.stdout.split()
     assert child == "0"  # broken: LINE|JUMP stay on in the child for its whole life
     assert parent == "0"
+
+
+# --- a block that ends in `return <value>` -----------------------------------------------
+# Its exit starts with a SWAP on the with's own line, outside the block's exception-table
+# range: an interrupt raised at that line event skipped the scope's __exit__, and the
+# internal interrupt escaped (every version; DeadlineExecutor's `with make(): return fn()`).
+
+
+def _returns_call() -> Any:
+    with timeoutcore.thread_deadline(0.05):
+        return time.sleep(0.25)  # unpatched: the call outlasts the deadline, then returns
+
+
+def _returns_value() -> Any:
+    with timeoutcore.thread_deadline(0.05):
+        return [time.sleep(0.25), 1][1]
+
+
+@pytest.mark.parametrize("fn", [_returns_call, _returns_value], ids=["call", "value"])
+def test_a_block_that_returns_ends_with_deadline_exceeded(fn: Callable[[], Any]) -> None:
+    def job() -> str:
+        try:
+            fn()
+        except DeadlineExceeded:
+            return "exceeded"
+        except BaseException as exc:  # noqa: BLE001 - the escape this test is about
+            return f"escaped: {type(exc).__name__}"
+        return "returned"
+
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(job).result() == "exceeded"
+    assert job() == "exceeded"  # and in the main thread
+
+
+def test_the_executor_reports_deadline_exceeded_for_a_call_that_outlasts_it() -> None:
+    with timeoutcore.DeadlineExecutor(max_workers=2) as ex:
+        f = ex.submit_with(0.05, time.sleep, 0.25)
+        assert isinstance(f.exception(timeout=10), DeadlineExceeded)
