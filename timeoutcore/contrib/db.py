@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..interrupt import interrupt_with
+from ..protect import protect_module, protected_modules
 
 __all__ = ["cancel_of", "guard"]
 
@@ -38,5 +39,14 @@ def cancel_of(conn: Any) -> Callable[[], Any]:
 
 
 def guard(conn: Any) -> interrupt_with:
-    """``interrupt_with`` the right cancel for a sqlite3, psycopg2 or psycopg connection."""
-    return interrupt_with(cancel_of(conn))
+    """``interrupt_with`` the right cancel for a sqlite3, psycopg2 or psycopg connection.
+
+    psycopg 3 runs its protocol in Python where its C speed-up is not installed (its
+    pure-Python implementation is the only one on free-threaded CPython): an interrupt that
+    surfaced there would leave the connection with "another command already in progress".
+    So guard() protects the ``psycopg`` package (:func:`timeoutcore.protect_module`): the
+    cancelled query returns its error to the caller, and the interrupt surfaces there."""
+    cancel = cancel_of(conn)
+    if type(conn).__module__.split(".")[0] == "psycopg" and "psycopg" not in protected_modules():
+        protect_module("psycopg")
+    return interrupt_with(cancel)
