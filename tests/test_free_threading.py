@@ -1,0 +1,196 @@
+"""Scopes under real parallelism: the GIL stays off on free-threaded CPython, and a stress
+test in which 8 threads enter and exit scopes while 3 others cancel and reschedule them at
+random. The stress test runs on every interpreter (with a GIL it exercises the same
+interleavings at switch-interval granularity); on a free-threaded build the threads really
+run at once and the core lock (csrc/tc_lock.h) is what keeps it correct."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import timeoutcore
+from timeoutcore import DeadlineCancelled, DeadlineExceeded
+from timeoutcore.errors import _DeadlineInterrupt
+
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+native_only = pytest.mark.skipif(timeoutcore.ENGINE != "native",
+                                 reason="the fallback engine documents rare escapes")
+
+
+@pytest.mark.skipif(not FREE_THREADED, reason="a free-threaded CPython only")
+def test_the_gil_stays_off_through_import_blocks_and_every_feature(tmp_path: Any) -> None:
+    code = (
+        "import sys, time, timeoutcore\n"
+        "from concurrent.futures import wait\n"
+        "assert timeoutcore.ENGINE == 'native', timeoutcore.ENGINE\n"
+        "with timeoutcore.thread_deadline(0.02, raise_on_timeout=False) as s:\n"
+        "    while True: pass\n"
+        "assert s.expired() and s.result.status == 'timed_out'\n"
+        "seen = []\n"
+        "with timeoutcore.thread_deadline(1, soft=0.01, on_soft=seen.append):\n"
+        "    timeoutcore.sleep(0.05)\n"
+        "assert len(seen) == 1, seen\n"
+        "m = timeoutcore.metrics.enable()\n"
+        "with timeoutcore.DeadlineExecutor(max_workers=2) as ex:\n"
+        "    f = ex.submit_with(0.05, time.sleep, 5)\n"
+        "    wait([f])\n"
+        "assert isinstance(f.exception(), timeoutcore.DeadlineExceeded)\n"
+        "assert timeoutcore.run(['sleep', '5'], limit=0.05).status == 'timed_out'\n"
+        "with timeoutcore.patch():\n"
+        "    with timeoutcore.thread_deadline(0.02, raise_on_timeout=False):\n"
+        "        time.sleep(5)\n"
+        "assert m.snapshot()['total'] >= 3\n"
+        "import timeoutcore.contrib.redis, timeoutcore.contrib.celery\n"
+        "assert sys._is_gil_enabled() is False\n"
+        "print(timeoutcore.JSON_ENGINE)\n"
+    )
+    proc = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "GIL" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip() in ("json", "orjson")
+
+
+class Board:
+    """The scopes active right now, for the chaos threads to pick from."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active: list[Any] = []
+
+    def add(self, scope: Any) -> None:
+        with self.lock:
+            self.active.append(scope)
+
+    def remove(self, scope: Any) -> None:
+        with self.lock:
+            self.active.remove(scope)
+
+    def pick(self, rnd: random.Random) -> Any:
+        with self.lock:
+            return rnd.choice(self.active) if self.active else None
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _worker(board: Board, seed: int, blocks: int, out: list, errors: list) -> None:
+    rnd = random.Random(seed)
+    counts = {"blocks": 0, "timeouts": 0, "cancelled": 0, "escapes": 0, "wrong": 0}
+    try:
+        for i in range(blocks):
+            limit = rnd.choice([0.0005, 0.002, 0.01, 0.5])
+            body = rnd.uniform(0, 0.004)
+            try:
+                try:
+                    with timeoutcore.thread_deadline(limit) as scope:
+                        board.add(scope)
+                        try:
+                            if i % 3 == 0:
+                                timeoutcore.sleep(body)
+                            elif i % 3 == 1:
+                                time.sleep(body)
+                            else:
+                                _spin(body)
+                            if i % 5 == 0:  # a nested scope, exited normally or by its own limit
+                                with timeoutcore.thread_deadline(0.5):
+                                    _spin(body / 4)
+                        finally:
+                            board.remove(scope)
+                except DeadlineCancelled:
+                    counts["cancelled"] += 1
+                    if not scope.cancelled():
+                        counts["wrong"] += 1
+                except DeadlineExceeded as exc:
+                    counts["timeouts"] += 1
+                    if exc.scope is not scope or not scope.expired():
+                        counts["wrong"] += 1
+                if timeoutcore.current_scope() is not None or scope.active:
+                    counts["wrong"] += 1
+                x = 0
+                for _ in range(32):  # bytecode after the exit, where a stray interrupt lands
+                    x += 1
+            except _DeadlineInterrupt:
+                counts["escapes"] += 1
+            counts["blocks"] += 1
+    except BaseException as exc:  # noqa: BLE001 - reported by the test, not lost in a thread
+        errors.append(repr(exc))
+    out.append(counts)
+
+
+def _chaos(board: Board, seed: int, stop: threading.Event, out: list, errors: list) -> None:
+    rnd = random.Random(seed)
+    n = 0
+    try:
+        while not stop.is_set():
+            scope = board.pick(rnd)
+            if scope is None:
+                time.sleep(0)
+                continue
+            what = rnd.random()
+            try:
+                if what < 0.3:
+                    scope.cancel()
+                elif what < 0.6:
+                    scope.reschedule(time.monotonic() + rnd.uniform(0, 0.003))
+                elif what < 0.8:
+                    scope.reschedule(None)
+                else:
+                    scope.remaining(), scope.expired(), scope.deferred, scope.overshoot
+            except RuntimeError:  # it exited meanwhile: reschedule() refuses, as documented
+                pass
+            n += 1
+    except BaseException as exc:  # noqa: BLE001
+        errors.append(repr(exc))
+    out.append(n)
+
+
+@native_only
+def test_stress_parallel_scopes_with_random_cancel_and_reschedule() -> None:
+    blocks, workers, chaos = 1500, 8, 3
+    board = Board()
+    results: list = []
+    chaos_results: list = []
+    errors: list = []
+    stop = threading.Event()
+    from timeoutcore import _native
+
+    before = _native.stats()
+    ws = [threading.Thread(target=_worker, args=(board, s, blocks, results, errors))
+          for s in range(workers)]
+    cs = [threading.Thread(target=_chaos, args=(board, 100 + s, stop, chaos_results, errors))
+          for s in range(chaos)]
+    for t in ws + cs:
+        t.start()
+    for t in ws:
+        t.join(timeout=240)
+    stop.set()
+    for t in cs:
+        t.join(timeout=30)
+    assert not [t for t in ws + cs if t.is_alive()], "a thread hung"
+    assert errors == []
+    total = {k: sum(r[k] for r in results) for k in results[0]}
+    assert total["blocks"] == blocks * workers
+    assert total["escapes"] == 0, total
+    assert total["wrong"] == 0, total
+    # the test only means something if every kind of stop really happened, many times
+    assert total["timeouts"] > 100 and total["cancelled"] > 100, total
+    assert sum(chaos_results) > 1000, chaos_results
+    # every worker's slot and kernel timer went with its thread (slot_release at thread exit)
+    end = time.monotonic() + 10
+    while _native.stats()["timers_live"] > before["timers_live"] and time.monotonic() < end:
+        time.sleep(0.01)
+    after = _native.stats()
+    assert after["timers_live"] == before["timers_live"], (before, after)
+    assert after["slots_live"] == before["slots_live"], (before, after)
