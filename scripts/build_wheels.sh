@@ -8,8 +8,9 @@
 #   2. build the sdist, check its contents, unpack it alone, build a wheel from it and run the
 #      tests it ships against that wheel (proves the sdist complete);
 #   3. lint the CI configuration: `cibuildwheel --print-build-identifiers --platform linux`
-#      must list exactly cp311..cp314 x manylinux/musllinux x x86_64/aarch64, the workflows must
-#      parse as YAML, and the cibuildwheel version must agree everywhere it is pinned.
+#      must list exactly cp311..cp314 and cp314t x manylinux/musllinux x x86_64/aarch64, the
+#      workflows must parse as YAML, and the cibuildwheel version must agree everywhere it
+#      is pinned.
 #
 # Prints a summary and exits non-zero if anything failed.
 #
@@ -28,7 +29,7 @@ set -euo pipefail
 
 CIBUILDWHEEL_VERSION="4.3.5" # keep equal to .github/workflows/wheels.yml
 VERSIONS=(3.11 3.12 3.13)  # built and tested here (3.14 is in no registry here)
-IDENTIFIERS=(3.11 3.12 3.13 3.14)  # what cibuildwheel must select
+IDENTIFIERS=(311 312 313 314 314t)  # what cibuildwheel must select (cp<id>-...)
 TEST_TIMEOUT="${TEST_TIMEOUT:-600}"
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -225,7 +226,7 @@ ci_config_lint() {
     sed 's/^/  /' "$d/ids.txt"
     for libc in manylinux musllinux; do
         for arch in x86_64 aarch64; do
-            for v in "${IDENTIFIERS[@]}"; do echo "cp${v//./}-${libc}_${arch}"; done
+            for v in "${IDENTIFIERS[@]}"; do echo "cp${v}-${libc}_${arch}"; done
         done
     done | sort >"$d/expected.txt"
     if ! diff <(sort "$d/ids.txt") "$d/expected.txt" >"$d/ids.diff"; then
