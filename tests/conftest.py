@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sysconfig
 import threading
 import time
 import types
@@ -50,7 +51,12 @@ def _native_api() -> types.SimpleNamespace:
     )
 
 
-@pytest.fixture(params=["native", "fallback"])
+FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+#: the pure-Python engine needs a GIL (timeoutcore/_engine.py)
+needs_gil = pytest.mark.skipif(FREE_THREADED, reason="the fallback engine needs a GIL")
+
+
+@pytest.fixture(params=["native", pytest.param("fallback", marks=needs_gil)])
 def api(request: Any) -> types.SimpleNamespace:
     """The public API, once per engine."""
     return _native_api() if request.param == "native" else _fallback_api()

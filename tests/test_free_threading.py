@@ -6,6 +6,7 @@ run at once and the core lock (csrc/tc_lock.h) is what keeps it correct."""
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -194,3 +195,12 @@ def test_stress_parallel_scopes_with_random_cancel_and_reschedule() -> None:
     after = _native.stats()
     assert after["timers_live"] == before["timers_live"], (before, after)
     assert after["slots_live"] == before["slots_live"], (before, after)
+
+
+@pytest.mark.skipif(not FREE_THREADED, reason="a free-threaded CPython only")
+def test_the_fallback_engine_is_refused_without_a_gil(tmp_path: Any) -> None:
+    env = dict(os.environ, TIMEOUTCORE_ENGINE="fallback")
+    proc = subprocess.run([sys.executable, "-c", "import timeoutcore"], env=env,
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "needs a GIL" in proc.stderr, proc.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import needs_gil
 
 import timeoutcore
 from timeoutcore import _fork
@@ -129,7 +130,7 @@ def _python(code: str, engine: str = "auto") -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("engine", ["auto", "fallback"])
+@pytest.mark.parametrize("engine", ["auto", pytest.param("fallback", marks=needs_gil)])
 def test_import_and_a_plain_block_load_no_heavy_module(engine: str) -> None:
     _python(
         "import sys, timeoutcore\n"

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any, Callable
 
 import pytest
-from conftest import LATE, expect_deadline, in_thread
+from conftest import LATE, expect_deadline, in_thread, needs_gil
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded, thread_deadline
@@ -396,6 +396,7 @@ def test_shield_makes_patched_calls_run_their_course(patched: None) -> None:
     assert got is False and took >= 0.15
 
 
+@needs_gil
 def test_fallback_engine_is_patched_too() -> None:
     """The pure-Python engine has no signal at all: with patch() its blocking calls end at
     the deadline as well."""

@@ -3,6 +3,12 @@
 ``TIMEOUTCORE_ENGINE`` = ``auto`` (default: native where it loads, else fallback),
 ``native`` (fail at import if the C core cannot load) or ``fallback``.
 
+Free-threaded CPython has no fallback: the pure-Python engine raises with
+``PyThreadState_SetAsyncExc`` from its watchdog thread, which with a GIL lands only where
+the target thread next holds it, and without one lands while the target runs -- inside the
+engine's own ``with lock:`` too, leaving that lock held for ever (a suite run deadlocked so).
+There the C core loads or the import fails.
+
 ``core`` is the chosen :class:`~timeoutcore._engine_api.Engine`; the layers above use it
 and never ask which one it is (``ENGINE``, its name, is for people and reports).
 """
@@ -23,13 +29,20 @@ if _choice not in ("auto", "native", "fallback"):
 
 core: Engine
 
+FREE_THREADED = "t" in getattr(__import__("sys"), "abiflags", "")
+if FREE_THREADED and _choice == "fallback":
+    raise ImportError(
+        "TIMEOUTCORE_ENGINE=fallback: the pure-Python engine needs a GIL, and this CPython is "
+        "free-threaded; use the native engine (the default)"
+    )
+
 if _choice != "fallback":
     try:
         from . import _native
 
         core = _native
     except ImportError:
-        if _choice == "native":
+        if _choice == "native" or FREE_THREADED:
             raise
         _choice = "fallback"
 
