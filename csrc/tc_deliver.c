@@ -330,6 +330,9 @@ static void hook_nudge(tc_slot *s, PyThreadState *t)
     s->op_frame = (PyObject *)f; /* the reference moves here */
 }
 
+static int64_t hook_idle_off_at(void) { return TC_NEVER; }
+static void hook_idle_off(int64_t now) { (void)now; }
+
 static int hook_setup(void)
 {
     PyObject *g = PyDict_New(), *r = NULL;
@@ -347,7 +350,7 @@ static int hook_setup(void)
 static PyObject *g_set_events;       /* sys.monitoring.set_events          */
 static int g_tool = -1;              /* our tool id                         */
 static long g_events;                /* LINE | JUMP                         */
-static int g_armed;                  /* threads with the hook armed         */
+static _Atomic int g_armed;          /* threads with the hook armed         */
 
 static int set_events(long mask)
 {
@@ -361,20 +364,42 @@ static int set_events(long mask)
 }
 
 /* g_armed, each slot's `hooked` and the events switched on change together
- * under g_arm_mu (tc_lock.h; nothing with the GIL): on a free-threaded build
- * set_events stops the world, which may suspend the caller's core lock, and
- * an arm and a disarm must not overtake each other's event change. */
+ * under g_arm_mu (tc_lock.h; nothing with the GIL), so that an arm and a
+ * disarm never overtake each other's event change.
+ *
+ * Free-threaded: every set_events stops the world, and a stop waits until
+ * each running thread reaches a safe point -- on an oversubscribed machine
+ * until the OS has scheduled every busy thread once (measured on 2 cores
+ * with 3 spinning threads: 2-6 ms a call, against 0.02 ms on an idle one).
+ * So (1) the core lock is let go during the call (core_yield: the guarded
+ * thread's hook must not wait behind it; the state it protects is
+ * re-checked after, deliver_async), and (2) the events are switched off
+ * lazily: the last disarm only notes the time, and the watchdog switches
+ * them off once no hook has been armed for TC_EVENTS_HOLD_NS
+ * (hook_idle_off) -- the delivering thread never waits for a stop of the
+ * world on its way out, and deadlines firing close together arm without
+ * one. */
+#define TC_EVENTS_HOLD_NS 5000000LL
+static int g_events_on;              /* the events are switched on (g_arm_mu) */
+static _Atomic int64_t g_events_idle_at; /* free-threaded: when the last hook
+                                            was disarmed, 0 if armed or off */
+
 static int hook_arm(tc_slot *s, PyThreadState *t)
 {
     int r = 0;
     (void)t;
     TC_ARM_LOCK();
     if (!s->hooked) {
-        if (g_armed == 0 && set_events(g_events) < 0)
-            r = -1;
-        else {
-            g_armed++;
+        if (!g_events_on) {
+            core_yield();
+            r = set_events(g_events);
+            core_resume();
+            g_events_on = r == 0;
+        }
+        if (r == 0) {
+            atomic_fetch_add(&g_armed, 1);
             s->hooked = 1;
+            atomic_store(&g_events_idle_at, 0);
         }
     }
     TC_ARM_UNLOCK();
@@ -384,13 +409,70 @@ static int hook_arm(tc_slot *s, PyThreadState *t)
 static void hook_disarm(tc_slot *s, PyThreadState *t)
 {
     (void)t;
+#if TC_FREE_THREADED
+    /* Without g_arm_mu: the delivering thread must not wait behind an arm
+     * whose stop of the world is under way (a contended PyMutex spins with
+     * sched_yield 40 times before it parks: on an oversubscribed machine
+     * ~55 ms, measured).  Events stay on; an arm meanwhile finds them on, and
+     * hook_idle_off (under g_arm_mu) switches them off only while g_armed is
+     * 0, so a stale idle time is harmless. */
+    if (atomic_exchange(&s->hooked, 0) && atomic_fetch_sub(&g_armed, 1) == 1) {
+        atomic_store(&g_events_idle_at, now_ns());
+        wd_wake(); /* it plans the switch-off */
+    }
+#else
     TC_ARM_LOCK();
     if (s->hooked) {
         s->hooked = 0;
-        if (--g_armed == 0)
-            (void)set_events(0); /* on failure the events stay on: slower, not wrong */
+        if (--g_armed == 0) /* on failure the events stay on: slower, not wrong */
+            g_events_on = set_events(0) < 0;
     }
     TC_ARM_UNLOCK();
+#endif
+}
+
+/* When the watchdog should switch idle events off (TC_NEVER: nothing to do).
+ * Any thread, no lock. */
+static int64_t hook_idle_off_at(void)
+{
+    int64_t idle = atomic_load(&g_events_idle_at);
+    return idle != 0 ? idle + TC_EVENTS_HOLD_NS : TC_NEVER;
+}
+
+/* Watchdog, attached, holding no lock of ours: switch the events off if no
+ * hook has been armed since hook_idle_off_at(). */
+static void hook_idle_off(int64_t now)
+{
+    TC_ARM_LOCK();
+    int64_t idle = atomic_load(&g_events_idle_at);
+    if (g_events_on && g_armed == 0 && idle != 0 && now >= idle + TC_EVENTS_HOLD_NS) {
+        g_events_on = set_events(0) < 0;
+        atomic_store(&g_events_idle_at, 0);
+    }
+    TC_ARM_UNLOCK();
+}
+
+/* Free-threaded: the hook does not wait for the core lock while another
+ * thread holds it (a watchdog pass, a cancel): it tries again at the next
+ * line boundary, which comes within nanoseconds.  Waiting would park the
+ * thread, and on an oversubscribed machine a parked thread that the lock
+ * is released to was measured to wait for the CPU for up to ~60 ms (2 cores,
+ * 3 spinning threads: a 50 ms deadline landed 57 ms late), while an
+ * unparked one keeps running.  After TC_HOOK_MAX_SKIPS boundaries in a row
+ * it waits after all, so a lock held over and over cannot starve it. */
+#define TC_HOOK_MAX_SKIPS 256
+static inline int hook_core_busy(tc_slot *s)
+{
+#if TC_FREE_THREADED
+    if (!PyMutex_IsLocked(&g_core_mu) || ++s->hook_skips > TC_HOOK_MAX_SKIPS) {
+        s->hook_skips = 0;
+        return 0;
+    }
+    return 1;
+#else
+    (void)s;
+    return 0;
+#endif
 }
 
 /* LINE callback (code, line). */
@@ -403,7 +485,7 @@ static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     (void)nargs;
     /* Every thread calls this while any delivery is pending: the test of
      * its own slot needs no lock. */
-    if (s == NULL || !atomic_load(&s->pending_any))
+    if (s == NULL || !atomic_load(&s->pending_any) || hook_core_busy(s))
         Py_RETURN_NONE;
     TC_CORE_BEGIN();
     if (s->pending != NULL)
@@ -434,7 +516,7 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
      * itself, whose jump is the only instruction it runs. */
     if (to <= from) {
         PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
-        if (f != NULL && to != from && tc_uncovered_no_raise(f, (int)to))
+        if ((f != NULL && to != from && tc_uncovered_no_raise(f, (int)to)) || hook_core_busy(s))
             Py_RETURN_NONE;
         TC_CORE_BEGIN();
         if (s->pending != NULL)
@@ -640,6 +722,13 @@ static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
         Py_XSETREF(s->pending, exc);
         s->pending_scope = scope;
         atomic_store(&s->pending_any, 1);
+#if TC_FREE_THREADED
+        /* Armed when the core lock is let go (tc_lock.h: core_after). */
+        if (t_arm_due == NULL || t_arm_due == s) {
+            t_arm_due = s;
+            return 1;
+        }
+#endif
         if (hook_arm(s, t) == 0) {
             if (s->pending == NULL) /* taken back while arming let the core lock go */
                 hook_disarm(s, t);
@@ -654,6 +743,28 @@ static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
     s->async_pending = 1;
     return 1;
 }
+
+#if TC_FREE_THREADED
+/* The outermost TC_CORE_END, after the core lock is let go: arm the hook
+ * for the delivery a region left in t_arm_due.  Outside the lock, the slot
+ * may have changed meanwhile: arm only if something is still pending, and
+ * disarm again if it was taken back during the arm.  If arming fails (no
+ * sys.monitoring tool), the delivery waits for an explicit point or the
+ * scope's exit; counted as an async fallback. */
+static void core_after(void)
+{
+    tc_slot *s = t_arm_due;
+    t_arm_due = NULL;
+    if (s == NULL || !atomic_load(&s->pending_any))
+        return;
+    if (hook_arm(s, NULL) < 0) {
+        STAT_INC(async_fallbacks);
+        return;
+    }
+    if (!atomic_load(&s->pending_any))
+        hook_disarm(s, NULL);
+}
+#endif
 
 /* The watchdog's backstop, at each re-injection time while a delivery is
  * still pending (GIL held, the thread paused).  It never raises: checking

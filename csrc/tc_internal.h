@@ -133,6 +133,7 @@ typedef struct tc_slot {
     _Atomic int hooked;            /* the delivery hook is armed for it
                                       (written under g_arm_mu, tc_lock.h)  */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
+    int hook_skips;                /* owner thread: hook_core_busy's count */
     int64_t deferred_since;        /* first time the hook found protected
                                       code on the stack, 0 if not yet      */
 #if TC_HOOK_TRACE
@@ -209,6 +210,7 @@ static struct {
 /* -- Cross-part prototypes (definitions in the part named) ------------------ */
 
 /* tc_watchdog.c */
+static void wd_wake(void);
 static void wd_notify(int64_t deadline);
 static int wd_ensure(void);
 static int wd_running(void);

@@ -271,6 +271,7 @@ static PyObject *mod_shutdown_locked(PyObject *m, PyObject *unused)
     (void)m;
     (void)unused;
     int err = wd_stop();
+    hook_idle_off(TC_NEVER); /* free-threaded: no idle events left behind (exit, fork) */
     if (err != 0) {
         errno = err;
         return PyErr_SetFromErrno(PyExc_OSError);

@@ -301,9 +301,15 @@ static void *wd_main(void *arg)
         }
         if (fu2 > fast_until)
             fast_until = fu2;
-        int64_t t0 = now_ns();
+        int64_t t0 = now_ns(), off_at = hook_idle_off_at();
+        if (off_at <= t0) { /* free-threaded: idle delivery events go (tc_deliver.c) */
+            PyEval_RestoreThread(ts);
+            hook_idle_off(t0);
+            ts = PyEval_SaveThread();
+            continue;
+        }
         if (ev.at > t0) {
-            int64_t wake = ev.at;
+            int64_t wake = ev.at < off_at ? ev.at : off_at;
             if (fast_until > t0) { /* an interrupt on its way: keep it open */
                 fast_enter();
                 if (fast_until < wake)
