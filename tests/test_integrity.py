@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+from conftest import FREE_THREADED
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded
@@ -56,7 +57,10 @@ def test_hammer_breaks_nothing(switch: str | None, seed: int) -> None:
     assert result["broken"] == [], result
     assert counts["other_errors"] == 0, result
     assert counts["fired"] > 0, result
-    assert counts["inside"] / counts["fired"] >= 0.9, result
+    # Most deadlines land inside the body (a broken hook: none do). Free-threaded, the hook
+    # is armed by a stop of the world (ms on a loaded machine), so more short bodies finish
+    # first and are claimed at their exit: 0.89-0.9 measured there, 0.99+ with a GIL.
+    assert counts["inside"] / counts["fired"] >= (0.75 if FREE_THREADED else 0.9), result
 
 
 # -- targeted: a deadline that passes while the body is blocked in protected code -------------
@@ -611,6 +615,9 @@ if pid == 0:
     os._exit(0)
 os.waitpid(pid, 0)
 th.join()
+end = time.monotonic() + 2  # free-threaded: idle events go 5 ms after the last delivery
+while sys.monitoring.get_events(tool) and time.monotonic() < end:
+    time.sleep(0.01)
 print(os.read(r, 100).decode(), sys.monitoring.get_events(tool))
 """
 
