@@ -1,4 +1,5 @@
-"""Developer and CI sessions: ``nox`` runs lint, types and the tests on CPython 3.11-3.14.
+"""Developer and CI sessions: ``nox`` runs lint, types and the tests on CPython 3.11-3.14
+and the free-threaded 3.14t.
 
     nox                      # every default session
     nox -s lint types        # static checks only
@@ -6,7 +7,7 @@
 
 Every interpreter of ``REQUIRED`` must be found, or the run fails
 (``error_on_missing_interpreters``): a silently skipped version is a version nobody tested.
-``OPTIONAL`` versions (3.14: in no registry this project's CI machines reach) get a session
+``OPTIONAL`` versions (3.14 and 3.14t: in no registry this project's CI machines reach) get a session
 only where such an interpreter is found (on PATH as ``pythonX.Y``, or in pyenv).
 Where ``pythonX.Y`` is not on PATH but pyenv has that version (pyenv's shims answer only for
 the selected version), the noxfile links the pyenv interpreter into ``.nox/.interpreters``
@@ -24,7 +25,7 @@ from pathlib import Path
 import nox
 
 REQUIRED = ["3.11", "3.12", "3.13"]
-OPTIONAL = ["3.14"]
+OPTIONAL = ["3.14", "3.14t"]
 
 # Pinned so that a new linter release cannot break CI by itself; bump them on purpose.
 # ruff: [tool.ruff] selects no rules, so the rule set is ruff's default, and 0.16 widened that
