@@ -754,15 +754,17 @@ static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
 static void core_after(void)
 {
     tc_slot *s = t_arm_due;
+    int kick = t_kick_due;
     t_arm_due = NULL;
+    t_kick_due = 0;
     if (s == NULL || !atomic_load(&s->pending_any))
         return;
-    if (hook_arm(s, NULL) < 0) {
+    if (hook_arm(s, NULL) < 0)
         STAT_INC(async_fallbacks);
-        return;
-    }
-    if (!atomic_load(&s->pending_any))
+    else if (!atomic_load(&s->pending_any))
         hook_disarm(s, NULL);
+    if (kick)
+        slot_wake_and_kick(s);
 }
 #endif
 

@@ -209,6 +209,9 @@ static struct {
 
 /* -- Cross-part prototypes (definitions in the part named) ------------------ */
 
+/* tc_slot.c */
+static void slot_wake_and_kick(struct tc_slot *s);
+
 /* tc_watchdog.c */
 static void wd_wake(void);
 static void wd_notify(int64_t deadline);

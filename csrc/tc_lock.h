@@ -56,7 +56,10 @@
  * outermost TC_CORE_END arms it after the lock is let go (core_after).  A
  * thread that waits for a PyMutex held by one that waits for the world to
  * stop spins with sched_yield before it parks; on an oversubscribed machine
- * that was measured at ~55-110 ms.
+ * that was measured at ~55-110 ms.  The wake-up and the signal that follow
+ * a delivery ("inject first, then kick") are sent there too, after the arm:
+ * a thread woken or signalled while the lock is held may preempt its holder
+ * and then spin for the lock it needs at its exit.
  *
  * With the GIL all of these are no-ops and the code compiles to what it was.
  */
@@ -69,6 +72,7 @@ static PyMutex g_core_mu;                    /* the core lock                  *
 static PyMutex g_arm_mu;                     /* the hook's event mask          */
 static __thread PyCriticalSection *t_core_cs; /* this thread's innermost one    */
 static __thread struct tc_slot *t_arm_due;   /* a hook to arm once it is let go */
+static __thread int t_kick_due;              /* ... and then wake and kick it   */
 static void core_after(void);                /* tc_deliver.c                   */
 
 #define TC_CORE_BEGIN()                                                             \

@@ -123,6 +123,18 @@ static void slot_inject(tc_slot *s, PyObject *exc, PyObject *scope)
 {
     if (!deliver_async(s, exc, scope))
         return; /* its thread is gone */
+#if TC_FREE_THREADED
+    if (t_arm_due == s) {
+        t_kick_due = 1; /* core_after: arm the hook, then wake and kick (tc_lock.h) */
+        return;
+    }
+#endif
+    slot_wake_and_kick(s);
+}
+
+/* Wake the thread's sleep(), then signal it (knocks a blocking call loose). */
+static void slot_wake_and_kick(tc_slot *s)
+{
     atomic_fetch_add(&s->wake, 1);
     futex_wake_all(&s->wake);
     kick(s);
