@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -159,3 +161,19 @@ def test_decorator_keeps_soft_settings() -> None:
         with pytest.raises(DeadlineExceeded):
             work()
     assert wait_until(lambda: len(calls) == 2)
+
+
+def test_the_first_soft_limit_of_a_process_never_fires_early(tmp_path: Any) -> None:
+    """The soft timer is registered in the enter hook, before the scope stamps its entry;
+    the first time that hook imports the timer and starts its thread (milliseconds), and
+    the soft limit fired that much before `soft` had passed in the block."""
+    code = (
+        "import timeoutcore\n"
+        "seen = []\n"
+        "with timeoutcore.thread_deadline(1, soft=0.01, on_soft=lambda s: seen.append(s.elapsed())):\n"
+        "    timeoutcore.sleep(0.05)\n"
+        "assert len(seen) == 1 and seen[0] >= 0.01, seen\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr

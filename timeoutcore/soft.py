@@ -70,6 +70,12 @@ class _SoftTimer:
                         break
                     self._cond.wait(self._heap[0][0] - now if self._heap else None)
             if scope.active and not scope.expired():
+                due = scope.entered_at + scope._soft
+                if not getattr(scope, "_soft_fired", False) and due > time.monotonic():
+                    # registered in the enter hook, a moment before the scope stamped its
+                    # entry (the first one imports this module): never fire early
+                    self.register(scope, due)
+                    continue
                 if getattr(scope, "_soft_fired", False):
                     self._deliver(scope)  # a retry: the block was shielded
                 else:
