@@ -391,9 +391,9 @@ static int hook_arm(tc_slot *s, PyThreadState *t)
     TC_ARM_LOCK();
     if (!s->hooked) {
         if (!g_events_on) {
-            core_yield();
+            tc_yielded y = core_yield();
             r = set_events(g_events);
-            core_resume();
+            core_resume(y);
             g_events_on = r == 0;
         }
         if (r == 0) {
@@ -724,7 +724,7 @@ static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
         atomic_store(&s->pending_any, 1);
 #if TC_FREE_THREADED
         /* Armed when the core lock is let go (tc_lock.h: core_after). */
-        if (t_arm_due == NULL || t_arm_due == s) {
+        if (t_core_cs != NULL && (t_arm_due == NULL || t_arm_due == s)) {
             t_arm_due = s;
             return 1;
         }

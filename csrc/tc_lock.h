@@ -91,17 +91,25 @@ static void core_after(void);                /* tc_deliver.c                   *
 
 /* Around a call of Python code inside a region: the GIL would be released
  * there, so the core lock is too.  The region's section is the innermost
- * one at that point (nothing in between leaves one open). */
-static inline void core_yield(void)
+ * one at that point (nothing in between leaves one open).  Meanwhile the
+ * thread is outside any region: one the Python code opens is outermost, and
+ * its end runs core_after. */
+typedef PyCriticalSection *tc_yielded;
+
+static inline tc_yielded core_yield(void)
 {
-    if (t_core_cs != NULL)
-        PyCriticalSection_End(t_core_cs);
+    tc_yielded c = t_core_cs;
+    if (c != NULL)
+        PyCriticalSection_End(c);
+    t_core_cs = NULL;
+    return c;
 }
 
-static inline void core_resume(void)
+static inline void core_resume(tc_yielded c)
 {
-    if (t_core_cs != NULL)
-        PyCriticalSection_BeginMutex(t_core_cs, &g_core_mu);
+    if (c != NULL)
+        PyCriticalSection_BeginMutex(c, &g_core_mu);
+    t_core_cs = c;
 }
 
 #define TC_ARM_LOCK() PyMutex_Lock(&g_arm_mu)
@@ -111,8 +119,9 @@ static inline void core_resume(void)
 
 #define TC_CORE_BEGIN() ((void)0)
 #define TC_CORE_END() ((void)0)
-static inline void core_yield(void) {}
-static inline void core_resume(void) {}
+typedef int tc_yielded;
+static inline tc_yielded core_yield(void) { return 0; }
+static inline void core_resume(tc_yielded c) { (void)c; }
 #define TC_ARM_LOCK() ((void)0)
 #define TC_ARM_UNLOCK() ((void)0)
 

@@ -245,9 +245,9 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
         /* Before anything is armed: if the hook fails, nothing is left. */
         PyObject *hook = sc->hook, *r;
         Py_INCREF(hook);
-        core_yield();
+        tc_yielded y = core_yield();
         r = PyObject_CallFunction(hook, "OsO", self, "enter", Py_None);
-        core_resume();
+        core_resume(y);
         Py_DECREF(hook);
         if (r == NULL)
             return NULL;
@@ -289,9 +289,9 @@ TC_LOCKED_2(PyObject *, Scope_enter, PyObject *, PyObject *)
 /* Build DeadlineExceeded for `self` and set it as the current error. */
 static void raise_exceeded(PyObject *self, int interrupt_was_in_flight)
 {
-    core_yield(); /* Python code; the scope is done, nothing is armed for it */
+    tc_yielded y = core_yield(); /* Python code; the scope is done, nothing armed for it */
     PyObject *exc = PyObject_CallFunctionObjArgs(g_exceeded, self, NULL);
-    core_resume();
+    core_resume(y);
     if (exc == NULL)
         return;
     PyErr_SetObject((PyObject *)Py_TYPE(exc), exc); /* a subclass when cancelled */
@@ -321,10 +321,10 @@ static int run_exit_hook(tc_slot *s, PyObject *hook, PyObject *self, PyObject *e
         slot_take_back(s);
     PyErr_Fetch(&et, &ev, &tb);
     Py_INCREF(hook);
-    core_yield(); /* shielded: nothing is raised into the thread meanwhile */
+    tc_yielded y = core_yield(); /* shielded: nothing is raised into the thread meanwhile */
     r = exc != NULL ? PyObject_CallFunction(hook, "OsO", self, "exit", exc)
                     : PyObject_CallOneArg(hook, self);
-    core_resume();
+    core_resume(y);
     if (r == NULL)
         PyErr_WriteUnraisable(hook);
     Py_XDECREF(r);
