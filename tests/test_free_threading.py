@@ -10,18 +10,17 @@ import os
 import random
 import subprocess
 import sys
-import sysconfig
 import threading
 import time
 from typing import Any
 
 import pytest
+from conftest import FREE_THREADED
 
 import timeoutcore
 from timeoutcore import DeadlineCancelled, DeadlineExceeded
 from timeoutcore.errors import _DeadlineInterrupt
 
-FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 native_only = pytest.mark.skipif(timeoutcore.ENGINE != "native",
                                  reason="the fallback engine documents rare escapes")
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import sys
-import sysconfig
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import FREE_THREADED
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded
@@ -22,7 +22,6 @@ def _core():  # type: ignore[no-untyped-def]
     return _native.core  # the C module itself (_engine.core is the Engine interface)
 
 
-FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 with_gil = pytest.mark.skipif(FREE_THREADED, reason="no GIL: no switch interval to lower")
 
 

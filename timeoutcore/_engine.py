@@ -16,6 +16,7 @@ and never ask which one it is (``ENGINE``, its name, is for people and reports).
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the interface costs nothing at run time
@@ -29,7 +30,8 @@ if _choice not in ("auto", "native", "fallback"):
 
 core: Engine
 
-FREE_THREADED = "t" in getattr(__import__("sys"), "abiflags", "")
+#: A free-threaded build (PEP 703: "t" in its ABI flags; cheaper than importing sysconfig).
+FREE_THREADED = "t" in getattr(sys, "abiflags", "")
 if FREE_THREADED and _choice == "fallback":
     raise ImportError(
         "TIMEOUTCORE_ENGINE=fallback: the pure-Python engine needs a GIL, and this CPython is "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json as _std
 import os
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterable, Union
 
 __all__ = ["ENGINE", "dumps", "loads", "std_dumps", "std_loads"]
 
@@ -62,35 +62,33 @@ def _encode(o: Any, out: list[str], indent: int, level: int) -> None:
     elif isinstance(o, float):
         out.append(_float(o))
     elif isinstance(o, dict):
-        if not o:
-            out.append("{}")
-            return
-        pad = "\n" + " " * (indent * (level + 1)) if indent else ""
-        out.append("{")
-        for i, (k, v) in enumerate(o.items()):
-            if not isinstance(k, str):
-                raise TypeError("Dict key must be str")
-            if i:
-                out.append(",")
-            out.append(pad)
-            out.append(_str(k))
-            out.append(": " if indent else ":")
-            _encode(v, out, indent, level + 1)
-        out.append("\n" + " " * (indent * level) + "}" if indent else "}")
+        _container(o.items(), "{}", out, indent, level)
     elif isinstance(o, (list, tuple)):
-        if not o:
-            out.append("[]")
-            return
-        pad = "\n" + " " * (indent * (level + 1)) if indent else ""
-        out.append("[")
-        for i, v in enumerate(o):
-            if i:
-                out.append(",")
-            out.append(pad)
-            _encode(v, out, indent, level + 1)
-        out.append("\n" + " " * (indent * level) + "]" if indent else "]")
+        _container(((None, v) for v in o), "[]", out, indent, level)
     else:
         raise TypeError(f"Type is not JSON serializable: {type(o).__name__}")
+
+
+def _container(items: Iterable[tuple[Any, Any]], brackets: str, out: list[str], indent: int,
+               level: int) -> None:
+    """A dict's (key, value) pairs, or a list's (None, value) pairs, between `brackets`."""
+    pad = "\n" + " " * (indent * (level + 1)) if indent else ""
+    out.append(brackets[0])
+    empty = True
+    for key, value in items:
+        if not empty:
+            out.append(",")
+        empty = False
+        out.append(pad)
+        if brackets == "{}":
+            if not isinstance(key, str):
+                raise TypeError("Dict key must be str")
+            out.append(_str(key))
+            out.append(": " if indent else ":")
+        _encode(value, out, indent, level + 1)
+    if indent and not empty:
+        out.append("\n" + " " * (indent * level))
+    out.append(brackets[1])
 
 
 def std_dumps(obj: Any, indent: bool = False) -> bytes:

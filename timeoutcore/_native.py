@@ -22,10 +22,8 @@ if TYPE_CHECKING:
 
 if not sys.platform.startswith("linux"):
     raise ImportError("the native timeoutcore engine needs Linux (timer_create, SIGEV_THREAD_ID)")
-#: A free-threaded build (PEP 703, "t" in its ABI flags; cheaper than importing sysconfig):
-#: the core runs under its own lock there, and the watchdog raises at the deadline itself
-#: (csrc/tc_lock.h). The core's C module declares that it needs no GIL.
-FREE_THREADED = "t" in getattr(sys, "abiflags", "")
+# Free-threaded builds (timeoutcore._engine.FREE_THREADED) load the same core: it runs under
+# its own lock there (csrc/tc_lock.h) and declares that it needs no GIL.
 
 from ._timeoutcore import ffi, lib  # type: ignore[import-not-found]  # noqa: E402
 
