@@ -189,6 +189,81 @@ static PyObject *mod_current_locked(PyObject *m, PyObject *unused)
 }
 TC_LOCKED_2(PyObject *, mod_current, PyObject *, PyObject *)
 
+/* _scope_stacks(all): the active scopes, one tuple per thread, outermost
+ * first -- of every live thread (all true; cancel_all) or of this thread
+ * only (the scope-owned children of timeoutcore._patch_subprocess).  A
+ * snapshot: the scopes are referenced first (PyMem, no collection can run
+ * and change a stack half-read), the Python objects built after.  The
+ * registry's head is read under g_mu; the list behind it is immutable
+ * (slots are prepended, never freed).  Core lock held (the GIL: top and
+ * parent are written only under it). */
+static PyObject *mod_scope_stacks_locked(PyObject *m, PyObject *arg)
+{
+    (void)m;
+    int all = PyObject_IsTrue(arg);
+    if (all < 0)
+        return NULL;
+    tc_slot *head = t_slot;
+    if (all) {
+        pthread_mutex_lock(&g_mu);
+        head = g_slots;
+        pthread_mutex_unlock(&g_mu);
+    }
+    size_t cap = 16, n = 0;
+    PyObject **refs = PyMem_Malloc(cap * sizeof(PyObject *));
+    if (refs == NULL)
+        return PyErr_NoMemory();
+    /* refs holds, per stack, its depth d (as a tagged count) then d scopes,
+     * innermost first. */
+    for (tc_slot *s = head; s != NULL; s = all ? s->next : NULL) {
+        if (!atomic_load(&s->alive) || s->top == NULL)
+            continue;
+        size_t depth = 0;
+        for (PyObject *o = s->top; o != NULL; o = as_scope(o)->parent)
+            depth++;
+        if (n + depth + 1 > cap) {
+            while (n + depth + 1 > cap)
+                cap *= 2;
+            PyObject **grown = PyMem_Realloc(refs, cap * sizeof(PyObject *));
+            if (grown == NULL) {
+                for (size_t i = 0; i < n; i++)
+                    if (((uintptr_t)refs[i] & 1) == 0)
+                        Py_DECREF(refs[i]);
+                PyMem_Free(refs);
+                return PyErr_NoMemory();
+            }
+            refs = grown;
+        }
+        refs[n++] = (PyObject *)((depth << 1) | 1);
+        for (PyObject *o = s->top; o != NULL; o = as_scope(o)->parent) {
+            Py_INCREF(o);
+            refs[n++] = o;
+        }
+    }
+    PyObject *out = PyList_New(0);
+    size_t i = 0;
+    while (i < n) {
+        size_t depth = (size_t)((uintptr_t)refs[i++] >> 1);
+        PyObject *stack = out == NULL ? NULL : PyTuple_New((Py_ssize_t)depth);
+        for (size_t k = 0; k < depth; k++) {
+            PyObject *o = refs[i + k];
+            if (stack != NULL)
+                PyTuple_SET_ITEM(stack, (Py_ssize_t)(depth - 1 - k), o); /* steals */
+            else
+                Py_DECREF(o);
+        }
+        i += depth;
+        if (stack == NULL)
+            Py_CLEAR(out);
+        else if (PyList_Append(out, stack) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(stack);
+    }
+    PyMem_Free(refs);
+    return out;
+}
+TC_LOCKED_2(PyObject *, mod_scope_stacks, PyObject *, PyObject *)
+
 static PyObject *mod_shield(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -441,6 +516,8 @@ static PyMethodDef mod_methods[] = {
     {"_set_default_hook", mod_set_default_hook, METH_O, "Hook given to every new scope."},
     {"_raise_in_scope", mod_raise_in_scope, METH_VARARGS,
      "Raise an exception class in the thread running an active scope."},
+    {"_scope_stacks", mod_scope_stacks, METH_O,
+     "_scope_stacks(all): active scopes, a tuple per thread, outermost first."},
     {"_shutdown", mod_shutdown, METH_NOARGS, "Stop and join the watchdog."},
     {"_setup_delivery", mod_setup_delivery, METH_NOARGS,
      "Arm the safe-delivery hook; returns 'trace' or 'monitoring'."},

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .metrics import Metrics
     from .policy import DeadlinePolicy, PolicyTable, set_policy_table
     from .results import DeadlineResult, ResultLog
+    from .shutdown import ShutdownHandler, active_scopes, cancel_all, handle_sigterm
     from .subprocess import RunResult, run
 
 __version__ = "0.1.0"
@@ -58,6 +59,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DeadlineResult": (".results", "DeadlineResult"),
     "ResultLog": (".results", "ResultLog"),
     "RunResult": (".subprocess", "RunResult"),
+    "ShutdownHandler": (".shutdown", "ShutdownHandler"),
+    "active_scopes": (".shutdown", "active_scopes"),
+    "cancel_all": (".shutdown", "cancel_all"),
+    "handle_sigterm": (".shutdown", "handle_sigterm"),
     "run": (".subprocess", "run"),
 }
 
@@ -124,13 +129,17 @@ __all__ = [
     "PolicyTable",
     "ResultLog",
     "RunResult",
+    "ShutdownHandler",
     "SoftDeadlineExceeded",
     "acquire",
+    "active_scopes",
     "bounded_wait",
+    "cancel_all",
     "checkpoint",
     "current_deadline",
     "current_scope",
     "deferral_log_cap",
+    "handle_sigterm",
     "interrupt_with",
     "is_patched",
     "metrics",

@@ -153,3 +153,7 @@ class Engine(Protocol):
 
     def _raise_in_scope(self, scope: Any, exc: type[BaseException]) -> bool:
         """Raise ``exc`` in the thread running ``scope`` if it is active (best effort)."""
+
+    def scope_stacks(self, all_threads: bool) -> list[tuple[EngineScope, ...]]:
+        """The active scopes, one tuple per thread, outermost first: of every live thread
+        (``all_threads``) or of the calling thread only. A snapshot."""

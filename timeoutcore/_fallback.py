@@ -541,6 +541,16 @@ def _raise_in_scope(scope: Scope, exc: type) -> bool:
         return True
 
 
+def scope_stacks(all_threads: bool) -> list[tuple[Scope, ...]]:
+    """The active scopes, one tuple per thread (outermost first): of every thread, or of
+    this thread only."""
+    if not all_threads:
+        st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+        return [tuple(st.stack)] if st is not None and st.stack else []
+    with _wd.lock:
+        return [tuple(st.stack) for st in list(_wd.states.values()) if st.stack]
+
+
 def shield() -> Shield:
     """A context manager holding deadline interrupts back until it exits."""
     return Shield()

@@ -3,7 +3,11 @@
 Imported by ``timeoutcore.patch`` when ``patch()`` runs. A child started inside a scope
 gets a session and process group of its own and is *scope-owned*: when the deadline
 interrupts ``wait``/``communicate`` (and so ``subprocess.run``/``call``/``check_output``),
-its group is killed and it is reaped before the interrupt goes on.
+its group is killed and it is reaped before the interrupt goes on. And a scope that is
+stopped (its deadline, ``cancel()``, ``cancel_all()``) kills, at its exit, every
+scope-owned child started inside it that still runs -- its process group and session,
+grandchildren included -- and reaps it, whatever the block was doing when it stopped;
+``kill_children(scope)`` does the same from any thread.
 
 These waits are not cleanups, so none of them is shielded: they end at the thread's stop
 time (hard deadline, ``soft_raise`` soft limit, ``reschedule``, ``cancel``; see
@@ -22,8 +26,9 @@ import subprocess
 from typing import Any, Callable, Optional, Tuple
 
 from . import _stop
+from ._engine import core
 from .blocking import Make, _is_number, _poll_step, _remaining, _shield, bounded_wait, original
-from ._process_tree import kill_and_reap
+from ._process_tree import kill_and_reap, kill_session
 from .errors import _DeadlineInterrupt
 
 _OWNED = "_timeoutcore_owned"  # on a Popen started inside a scope: "group" or "pid"
@@ -32,7 +37,8 @@ _START_NEW_SESSION_POS = 15  # Popen(args, bufsize, ..., restore_signals, start_
 
 def _make_popen_init(orig: Callable[..., None]) -> Callable[..., None]:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        if _remaining() is None:
+        stacks = core.scope_stacks(False)
+        if not stacks:
             return orig(self, *args, **kwargs)
         own = "pid"
         if ("start_new_session" not in kwargs and "process_group" not in kwargs
@@ -42,9 +48,39 @@ def _make_popen_init(orig: Callable[..., None]) -> Callable[..., None]:
             own = "group"
         orig(self, *args, **kwargs)
         setattr(self, _OWNED, own)
+        for scope in stacks[0]:
+            _adopt(scope, self)
         return None
 
     return __init__
+
+
+def _adopt(scope: Any, proc: Any) -> None:
+    """Make ``proc`` a child of ``scope``: killed if the scope is stopped. Children already
+    reaped are forgotten here, so a long-lived scope holds only the ones that may run."""
+    children: Optional[list[Any]] = getattr(scope, "_children", None)
+    if children is None:
+        children = scope._children = []
+        scope.on_timeout(kill_children, scope)
+    children[:] = [p for p in children if p.returncode is None]
+    children.append(proc)
+
+
+def kill_children(scope: Any) -> int:
+    """Kill and reap every scope-owned child started inside ``scope`` that still runs, with
+    its process group and session (for a child that has exited: what is left of its
+    session). Runs at the exit of a stopped scope; callable from any thread. Returns how
+    many children were still running."""
+    children: list[Any] = list(getattr(scope, "_children", None) or ())
+    running = 0
+    for proc in children:
+        owned = getattr(proc, _OWNED, None)
+        if proc.returncode is None:
+            running += 1
+            kill_and_reap(proc, group=owned == "group")
+        elif owned == "group":
+            kill_session(proc.pid)
+    return running
 
 
 def _abandon(proc: Any) -> None:

@@ -59,21 +59,118 @@ def signal_tree(leader: int, sig: int, *, session: bool = True) -> None:
                 pass
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL what is left of the session ``sid`` after its leader exited and was reaped
+    (its background descendants), then reap those re-parented to this process.
+
+    Only the members found in /proc are signalled, never ``killpg(sid)``: once nothing is
+    left in the session, its number may belong to an unrelated process group."""
+    found = False
+    for pid, _, _, state in _session_members(sid):
+        if pid != sid and state != b"Z":
+            found = True
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    if found:
+        reap_orphans(sid)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 _libc: Any = None
 
 
+def _prctl(option: int, arg: Any) -> bool:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return bool(_libc.prctl(option, arg, 0, 0, 0) == 0)
+
+
+def become_subreaper() -> None:
+    """Make this process a child subreaper (``PR_SET_CHILD_SUBREAPER``): orphaned
+    descendants are re-parented to it instead of to init, so :func:`kill_descendants`
+    finds them all -- ``setsid()`` escapes and daemons included. ``OSError`` if refused."""
+    if not _prctl(_PR_SET_CHILD_SUBREAPER, 1):
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
+
+
+def _process_table() -> list[tuple[int, int, bytes]]:
+    """``(pid, ppid, state)`` of every process (from /proc)."""
+    table = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+            fields = data[data.rindex(b")") + 2:].split()
+            table.append((int(name), int(fields[1]), fields[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    return table
+
+
+def descendants() -> list[tuple[int, int, bytes]]:
+    """``(pid, ppid, state)`` of every descendant of this process (zombies included)."""
+    me = os.getpid()
+    table = _process_table()
+    by_parent: dict[int, list[tuple[int, int, bytes]]] = {}
+    for entry in table:
+        by_parent.setdefault(entry[1], []).append(entry)
+    out: list[tuple[int, int, bytes]] = []
+    todo = [me]
+    while todo:
+        for entry in by_parent.get(todo.pop(), ()):
+            out.append(entry)
+            todo.append(entry[0])
+    return out
+
+
+def kill_descendants(timeout: float = _REAP_ORPHANS_FOR) -> int:
+    """SIGKILL every descendant of this process and reap them; returns how many were
+    killed or reaped. Meant for a child subreaper (:func:`become_subreaper`): then the
+    descendants of killed ones come back to it and are reaped too. Never waits with a
+    deadline; at most ``timeout`` seconds for the re-parented ones."""
+    me = os.getpid()
+    end = time.monotonic() + timeout
+    count = 0
+    seen: set[int] = set()
+    while True:
+        found = descendants()
+        for pid, ppid, state in found:
+            if state != b"Z" and pid not in seen:
+                seen.add(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for pid, ppid, _ in found:
+            if ppid == me:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                        count += 1
+                except ChildProcessError:
+                    pass
+        if not found or time.monotonic() >= end:
+            return max(count, len(seen))
+        time.sleep(0.001)
+
+
 def _is_reaper() -> bool:
     """Are orphans re-parented to this process (PID 1, or a child subreaper)?"""
-    global _libc
     if os.getpid() == 1:
         return True
     try:
-        if _libc is None:
-            _libc = ctypes.CDLL(None, use_errno=True)
         flag = ctypes.c_int(0)
-        return bool(_libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
-                    and flag.value)
+        return _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag)) and bool(flag.value)
     except (OSError, AttributeError):
         return False
 

@@ -108,7 +108,9 @@ def bounded_wait(step: Step[T], timeout: Optional[float]) -> T:
             _checkpoint()  # raises, unless interrupts are held back by shield()
             return step(left)[1]
         last = left is not None and left <= rem  # the caller's timeout ends first...
-        done, value = step(left if last else rem)
+        # A far stop time (a scope of years) is waited for a day at a time: poll() and the
+        # selectors take milliseconds as a C int.
+        done, value = step(left if last else min(rem, _MAX_POLL_S))
         if done:
             return value
         _checkpoint()

@@ -33,6 +33,9 @@ class DeadlineExceeded(TimeoutError):
     limit: Optional[float]
     elapsed: float
     overshoot: Optional[float]
+    #: Why the block was cancelled (``scope.cancel(reason)``, ``cancel_all(reason)``);
+    #: None for a deadline, or a cancel without a reason.
+    reason: Optional[str] = None
 
     def __new__(cls, scope: Any = None, *args: Any) -> DeadlineExceeded:
         # A scope stopped by ``cancel()`` is reported as the subclass DeadlineCancelled,
@@ -51,7 +54,9 @@ class DeadlineExceeded(TimeoutError):
         limit = f"{self.limit:g} s " if self.limit is not None else ""
         over = f", {self.overshoot * 1e3:.3f} ms late" if self.overshoot is not None else ""
         if isinstance(self, DeadlineCancelled):
-            message = f"block{name} cancelled: left after {self.elapsed:.6f} s"
+            self.reason = getattr(scope, "_cancel_reason", None)
+            why = f" ({self.reason})" if self.reason else ""
+            message = f"block{name} cancelled{why}: left after {self.elapsed:.6f} s"
         else:
             message = (
                 f"deadline{name} exceeded: {limit}limit, block left after {self.elapsed:.6f} s"
@@ -63,7 +68,8 @@ class DeadlineExceeded(TimeoutError):
     def __reduce__(self) -> Any:
         return (
             _rebuild_exceeded,
-            (str(self), self.label, self.limit, self.elapsed, self.overshoot, type(self)),
+            (str(self), self.label, self.limit, self.elapsed, self.overshoot, type(self),
+             self.reason),
         )
 
 
@@ -81,9 +87,11 @@ def _rebuild_exceeded(
     elapsed: float,
     overshoot: Optional[float],
     cls: type[DeadlineExceeded] = DeadlineExceeded,
+    reason: Optional[str] = None,
 ) -> DeadlineExceeded:
     exc: DeadlineExceeded = cls.__new__(cls)
     exc.args = (message,)
+    exc.reason = reason
     exc.scope = None
     exc.label, exc.limit, exc.elapsed, exc.overshoot = label, limit, elapsed, overshoot
     return exc

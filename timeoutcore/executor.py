@@ -9,17 +9,23 @@ Per-task limits go through ``submit_with`` / ``map(limits=...)``, never through 
 own keyword arguments, so they cannot collide. A task past its hard limit ends with
 ``DeadlineExceeded`` in its future and its worker thread goes straight on to the next task;
 so ``shutdown(wait=True)`` waits at most for the running tasks' hard limits (for blocking
-calls CPython retries after EINTR, see ``timeoutcore.patch()``).
+calls CPython retries after EINTR, see ``timeoutcore.patch()``), and
+``shutdown(cancel_after=S)`` at most ``S`` seconds: then the tasks still running are
+cancelled (``DeadlineCancelled`` in their futures; with ``patch()``, the processes they
+started are killed and reaped).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional, TypeVar, Union
 
+from . import _validate
 from .policy import DeadlinePolicy
 from .scope import thread_deadline
 
@@ -43,21 +49,63 @@ def as_policy(limits: Limits, default: Optional[DeadlinePolicy]) -> Optional[Dea
     return DeadlinePolicy(limit=float(limits))
 
 
-def _factory(policy: Optional[DeadlinePolicy]) -> Optional[Callable[[], Any]]:
-    """A cheap maker of fresh scopes for ``policy`` (None: no deadline)."""
+#: The hard limit of a task without one: far enough never to fire (the longest a scope
+#: takes, about 9.5 years), and a stop time its waits see, so that
+#: ``shutdown(cancel_after=)`` can stop a blocked task too.
+NO_LIMIT = _validate.MAX_SECONDS
+
+
+def _factory(policy: Optional[DeadlinePolicy]) -> Callable[[], Any]:
+    """A cheap maker of fresh scopes for ``policy`` (None: no deadline of its own)."""
     if policy is None:
-        return None
+        return functools.partial(thread_deadline, NO_LIMIT)
     kw: dict[str, Any] = {"label": policy.label, "raise_on_timeout": policy.raise_on_timeout}
     if policy.soft is not None:
         kw.update(soft_limit=policy.soft, soft_raise=policy.soft_raise)
     return functools.partial(thread_deadline, policy.hard, **kw)
 
 
-def _run(make: Optional[Callable[[], Any]], fn: Callable[..., T], args: Any, kwargs: Any) -> T:
-    if make is None:
-        return fn(*args, **kwargs)
-    with make():
-        return fn(*args, **kwargs)
+class _Running:
+    """The scopes of the tasks running now (what ``shutdown(cancel_after=)`` cancels)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.scopes: set[Any] = set()
+        self.idle = threading.Condition(self.lock)
+        self.cancelling: Optional[str] = None  # set: every task is cancelled, new ones too
+
+    def run(self, make: Callable[[], Any], fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+        scope = make()
+        with self.lock:
+            self.scopes.add(scope)
+            if self.cancelling is not None:
+                scope.cancel(self.cancelling)  # before entry: it stops at entry
+        try:
+            with scope:
+                return fn(*args, **kwargs)
+        finally:
+            with self.lock:
+                self.scopes.discard(scope)
+                if not self.scopes:
+                    self.idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        with self.lock:
+            while self.scopes:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self.idle.wait(left)
+        return True
+
+    def cancel(self, reason: str) -> int:
+        with self.lock:
+            self.cancelling = reason
+            scopes = list(self.scopes)
+        for scope in scopes:
+            scope.cancel(reason)
+        return len(scopes)
 
 
 class DeadlineExecutor(ThreadPoolExecutor):
@@ -79,17 +127,19 @@ class DeadlineExecutor(ThreadPoolExecutor):
     ) -> None:
         self.policy = as_policy(policy, None)
         self._make = _factory(self.policy)
+        self._running = _Running()
         super().__init__(max_workers, thread_name_prefix, initializer, initargs)
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` under the default policy."""
-        return super().submit(_run, self._make, fn, args, kwargs)
+        return super().submit(self._running.run, self._make, fn, args, kwargs)
 
     def submit_with(
         self, limits: Limits, fn: Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` under ``limits`` (seconds, a policy or a mapping)."""
-        return super().submit(_run, _factory(as_policy(limits, self.policy)), fn, args, kwargs)
+        return super().submit(self._running.run, _factory(as_policy(limits, self.policy)), fn,
+                              args, kwargs)
 
     def map(
         self,
@@ -109,11 +159,40 @@ class DeadlineExecutor(ThreadPoolExecutor):
             per_item = (as_policy(x, self.policy) for x in limits)
         futures = [
             super(DeadlineExecutor, self).submit(
-                _run, self._make if policy is self.policy else _factory(policy), fn, args, {}
+                self._running.run, self._make if policy is self.policy else _factory(policy),
+                fn, args, {}
             )
             for policy, args in zip(per_item, zip(*iterables))
         ]
         return _results(futures, timeout)
+
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False,
+                 cancel_after: Optional[float] = None) -> None:
+        """``ThreadPoolExecutor.shutdown``; with ``cancel_after=S`` (seconds, 0 allowed),
+        the tasks still running ``S`` seconds after the call are cancelled: each ends with
+        :class:`~timeoutcore.DeadlineCancelled` in its future (reason "executor shutdown"),
+        and, with ``timeoutcore.patch()``, the processes it started are killed and reaped.
+        Queued tasks that had not started run unless ``cancel_futures`` (as in the base
+        class); with ``cancel_after`` they too are cancelled if they start in the grace
+        period and are still running at its end, and those that start later are cancelled
+        at once. ``wait=False`` returns at once and cancels from a helper thread."""
+        if cancel_after is None:
+            super().shutdown(wait=wait, cancel_futures=cancel_futures)
+            return
+        grace = _validate.seconds(cancel_after, "DeadlineExecutor.shutdown()", "cancel_after",
+                                  allow_zero=True)
+        super().shutdown(wait=False, cancel_futures=cancel_futures)
+        if not wait:
+            threading.Thread(target=self._cancel_after, args=(grace,), daemon=True,
+                             name="timeoutcore-executor-shutdown").start()
+            return
+        self._cancel_after(grace)
+        super().shutdown(wait=True)
+
+    def _cancel_after(self, grace: float) -> None:
+        if not self._running.wait_idle(grace):
+            self._running.cancel("executor shutdown")
 
 
 def _results(futures: list[Future[T]], timeout: Optional[float]) -> Iterator[T]:

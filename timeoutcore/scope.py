@@ -19,7 +19,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Per-scope state of the optional features; every engine's scope class declares them.
 EXTRA_SLOTS = ("_extras", "_soft", "_on_soft", "_soft_raise", "_soft_fired", "_cleanups",
-               "_result_log", "_observer", "_cancelled", "_soft_retry")
+               "_result_log", "_observer", "_cancelled", "_soft_retry", "_cancel_reason",
+               "_children")
 _EXTRA_KEYS = ("soft_limit", "soft", "on_soft", "soft_raise", "result_log", "observer")
 
 
@@ -103,20 +104,29 @@ class _ScopeMixin:
         super().reschedule(when)  # type: ignore[misc]
         _stop.wake(getattr(self, "thread_ident", None))
 
-    def cancel(self) -> None:
+    def cancel(self, reason: Optional[str] = None) -> None:
         """Stop the block now, from any thread, as if its deadline had passed: it is
         interrupted the same way (blocking calls included), and its exit raises
-        :class:`~timeoutcore.errors.DeadlineCancelled` (a ``DeadlineExceeded``); its
-        result's status is ``cancelled``. Cancelling a scope before it is entered makes it
-        stop at entry; after it has exited, cancel() does nothing."""
+        :class:`~timeoutcore.errors.DeadlineCancelled` (a ``DeadlineExceeded``, whose
+        ``reason`` is ``reason``); its result's status is ``cancelled``. Cancelling a scope
+        before it is entered makes it stop at entry; after it has exited, or once it has
+        expired, cancel() does nothing."""
         scope: Any = self
+        if reason is not None and not isinstance(reason, str):
+            raise TypeError(f"cancel(): reason must be a str or None, not {type(reason).__name__}")
         if scope.exited_at is not None or scope.expired():
             return
+        scope._cancel_reason = reason
         scope._cancelled = True
         try:
             scope.reschedule(time.monotonic())
         except RuntimeError:  # it exited meanwhile
             pass
+
+    @property
+    def cancel_reason(self) -> Optional[str]:
+        """The ``reason`` given to :meth:`cancel`, or None."""
+        return getattr(self, "_cancel_reason", None)
 
     def cancelled(self) -> bool:
         """True if :meth:`cancel` stopped this block (it was interrupted after a cancel)."""

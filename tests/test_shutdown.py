@@ -1,0 +1,442 @@
+"""Stopping every running block: cancel_all(), the children of a stopped scope,
+DeadlineExecutor.shutdown(cancel_after=), and handle_sigterm() in a real worker process.
+
+A "tree" is ``sh`` with a background grandchild; both print nothing and wait. Every check of
+"nothing survives" is by PID: the child is reaped (its Popen has a returncode) and the
+grandchild is gone from /proc (not running, not a zombie).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import burn
+
+import timeoutcore
+from timeoutcore import (
+    DeadlineCancelled,
+    DeadlineExceeded,
+    DeadlineExecutor,
+    active_scopes,
+    cancel_all,
+    handle_sigterm,
+    thread_deadline,
+)
+
+WAIT = 10.0  # s: the most a check waits (a broken build fails, never hangs)
+TREE = ["sh", "-c", "sleep 60 & echo $!; sleep 60"]
+
+
+def _gone(pid: int) -> bool:
+    """Not running and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "X"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def _wait_gone(pid: int, timeout: float = WAIT) -> bool:
+    end = time.monotonic() + timeout
+    while not _gone(pid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def patched() -> Iterator[None]:
+    timeoutcore.patch()
+    try:
+        yield
+    finally:
+        timeoutcore.unpatch()
+
+
+def _start_tree() -> tuple[subprocess.Popen[bytes], int]:
+    proc = subprocess.Popen(TREE, stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    grandchild = int(proc.stdout.readline())
+    return proc, grandchild
+
+
+class _Blocks:
+    """Threads that each run one block until it stops; ``outcome[name]`` is what ended it."""
+
+    def __init__(self) -> None:
+        self.outcome: dict[str, BaseException | str] = {}
+        self.entered = threading.Semaphore(0)
+        self.threads: list[threading.Thread] = []
+
+    def start(self, name: str, body: Any, limit: float | None = 60.0) -> None:
+        def run() -> None:
+            try:
+                with thread_deadline(limit, label=name):
+                    self.entered.release()
+                    body()
+                self.outcome[name] = "returned"
+            except BaseException as exc:  # noqa: BLE001 - recorded for the test
+                self.outcome[name] = exc
+
+        t = threading.Thread(target=run, daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def wait_entered(self, n: int) -> None:
+        for _ in range(n):
+            assert self.entered.acquire(timeout=WAIT)
+
+    def join(self) -> None:
+        for t in self.threads:
+            t.join(WAIT)
+            assert not t.is_alive(), "a cancelled block did not stop"
+
+
+def test_cancel_all_stops_every_block_of_every_thread(patched: None) -> None:
+    blocks = _Blocks()
+    blocks.start("spin", lambda: burn(60))
+    blocks.start("sleep", lambda: time.sleep(60))
+    blocks.start("wait", lambda: threading.Event().wait(60))
+    blocks.start("unlimited", lambda: burn(60), limit=None)
+    blocks.wait_entered(4)
+    time.sleep(0.05)
+    assert {s.label for s in active_scopes()} == {"spin", "sleep", "wait", "unlimited"}
+    start = time.monotonic()
+    cancelled = cancel_all("maintenance")
+    blocks.join()
+    assert time.monotonic() - start < 5.0
+    assert {s.label for s in cancelled} == {"spin", "sleep", "wait", "unlimited"}
+    assert len(blocks.outcome) == 4
+    for name, exc in blocks.outcome.items():
+        assert isinstance(exc, DeadlineCancelled), (name, exc)
+        assert exc.reason == "maintenance" and "(maintenance)" in str(exc)
+    assert all(s.cancelled() and s.cancel_reason == "maintenance" for s in cancelled)
+    assert active_scopes() == []
+
+
+def test_cancel_all_cancels_the_outermost_scope_and_spares_later_blocks() -> None:
+    seen: dict[str, Any] = {}
+    go = threading.Event()
+
+    def nested() -> None:
+        try:
+            with thread_deadline(60, label="outer") as outer:
+                with thread_deadline(30, label="inner") as inner:
+                    seen["scopes"] = (outer, inner)
+                    go.set()
+                    burn(60)
+        except DeadlineExceeded as exc:
+            seen["exc"] = exc
+
+    t = threading.Thread(target=nested)
+    t.start()
+    assert go.wait(WAIT)
+    (outer, inner) = seen["scopes"]
+    assert cancel_all() == [outer]
+    t.join(WAIT)
+    assert isinstance(seen["exc"], DeadlineCancelled) and seen["exc"].scope is outer
+    assert seen["exc"].reason is None
+    assert outer.cancelled() and not inner.expired()
+    # a block entered after the call is not affected
+    with thread_deadline(5) as later:
+        time.sleep(0.01)
+    assert not later.expired()
+    assert cancel_all() == []
+
+
+def test_cancel_all_refuses_a_reason_that_is_not_a_string() -> None:
+    with pytest.raises(TypeError, match="reason must be a str"):
+        cancel_all(42)  # type: ignore[arg-type]
+    with thread_deadline(5) as scope, pytest.raises(TypeError, match="reason must be a str"):
+        scope.cancel(b"x")  # type: ignore[arg-type]
+    assert not scope.expired()
+
+
+def test_a_stopped_scope_kills_and_reaps_the_children_started_in_it(patched: None) -> None:
+    """A child the block started and never waited for: the deadline stops the block in
+    Python code, and the child and its grandchild die with it."""
+    with pytest.raises(DeadlineExceeded):
+        with thread_deadline(0.3):
+            proc, grandchild = _start_tree()
+            burn(60)
+    assert proc.returncode == -signal.SIGKILL  # killed and reaped at the scope's exit
+    assert _wait_gone(grandchild)
+
+
+def test_children_of_a_block_that_ends_normally_run_on(patched: None) -> None:
+    with thread_deadline(5):
+        proc, grandchild = _start_tree()
+    try:
+        assert proc.poll() is None and not _gone(grandchild)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_an_inner_scope_that_stops_kills_its_children_and_the_outer_one_goes_on(
+        patched: None) -> None:
+    with pytest.raises(DeadlineCancelled):
+        with thread_deadline(30) as outer:
+            with pytest.raises(DeadlineExceeded):
+                with thread_deadline(0.2):
+                    proc, grandchild = _start_tree()
+                    burn(60)
+            assert proc.returncode == -signal.SIGKILL and _wait_gone(grandchild)
+            later, later_grandchild = _start_tree()  # the outer scope owns this one
+            outer.cancel("stop")
+            burn(60)
+    assert later.returncode == -signal.SIGKILL and _wait_gone(later_grandchild)
+
+
+def test_executor_shutdown_cancel_after_stops_running_tasks_and_their_trees(
+        patched: None) -> None:
+    grandchildren: list[int] = []
+    started = threading.Semaphore(0)
+
+    def tree_then_wait() -> None:
+        proc, grandchild = _start_tree()
+        grandchildren.append(grandchild)
+        started.release()
+        proc.wait()
+
+    def spin() -> None:
+        started.release()
+        burn(60)
+
+    def sleeper() -> None:
+        started.release()
+        time.sleep(60)
+
+    pool = DeadlineExecutor(3)  # no policy: the tasks have no limit of their own
+    futures = [pool.submit(tree_then_wait), pool.submit(spin), pool.submit(sleeper)]
+    queued = pool.submit(lambda: time.sleep(60))  # starts once a worker is free
+    quick = pool.submit_with(5, lambda: 7)
+    for _ in futures:
+        assert started.acquire(timeout=WAIT)
+    start = time.monotonic()
+    pool.shutdown(cancel_after=0.3)
+    took = time.monotonic() - start
+    assert 0.3 <= took < 5.0
+    for fut in futures + [queued]:
+        exc = fut.exception(0)
+        assert isinstance(exc, DeadlineCancelled) and exc.reason == "executor shutdown", exc
+    assert quick.result(0) == 7
+    assert grandchildren and all(_wait_gone(g) for g in grandchildren)
+
+
+def test_executor_shutdown_cancel_after_waits_no_longer_than_needed() -> None:
+    pool = DeadlineExecutor(2, policy=10)
+    fut = pool.submit(time.sleep, 0.1)
+    start = time.monotonic()
+    pool.shutdown(cancel_after=20)
+    assert time.monotonic() - start < 5.0
+    assert fut.result(0) is None
+
+
+def test_executor_shutdown_without_waiting_cancels_from_a_helper_thread() -> None:
+    pool = DeadlineExecutor(1)
+    fut = pool.submit(burn, 60)
+    time.sleep(0.05)
+    start = time.monotonic()
+    pool.shutdown(wait=False, cancel_after=0.2)
+    assert time.monotonic() - start < 0.1
+    assert isinstance(fut.exception(WAIT), DeadlineCancelled)
+
+
+@pytest.mark.parametrize("value, error", [(-1, ValueError), ("1", TypeError),
+                                          (True, TypeError), (float("nan"), ValueError)])
+def test_executor_shutdown_refuses_a_bad_cancel_after(value: Any, error: type) -> None:
+    pool = DeadlineExecutor(1)
+    with pytest.raises(error, match="cancel_after"):
+        pool.shutdown(cancel_after=value)
+    assert pool.submit(lambda: 3).result(WAIT) == 3  # nothing was shut down
+    pool.shutdown()
+
+
+# --- handle_sigterm() in a worker process ---------------------------------------------------
+
+WORKER = textwrap.dedent("""
+    import subprocess, sys, threading, time
+    import timeoutcore
+    from timeoutcore import DeadlineExecutor
+
+    timeoutcore.patch()
+    grace, exit_code = float(sys.argv[1]), sys.argv[2]
+    handler = timeoutcore.handle_sigterm(
+        grace, exit_code=None if exit_code == "none" else int(exit_code))
+
+    def tree():
+        proc = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; sleep 60"],
+                                stdout=subprocess.PIPE)
+        print("grandchild", int(proc.stdout.readline()), flush=True)
+        proc.communicate()
+
+    def spin():
+        while True:
+            pass
+
+    def short():
+        time.sleep(0.2)
+        return "short done"
+
+    pool = DeadlineExecutor(4)
+    futures = {"tree": pool.submit(tree), "spin": pool.submit(spin),
+               "sleep": pool.submit(time.sleep, 60), "short": pool.submit(short)}
+    print("ready", flush=True)
+    try:
+        handler.requested.wait()
+        print("requested", flush=True)
+        handler.done.wait()
+    finally:
+        for name, fut in futures.items():
+            try:
+                print(name, "result", fut.result(5), flush=True)
+            except BaseException as exc:
+                print(name, type(exc).__name__, getattr(exc, "reason", None), flush=True)
+        print("cancelled", len(handler.cancelled), flush=True)
+""")
+
+
+def _read_until_ready(proc: subprocess.Popen[str]) -> list[str]:
+    """The worker's lines up to "ready" (its grandchild's pid among them); fails, never
+    hangs, if it does not get there."""
+    assert proc.stdout is not None
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if "ready" in lines and any(x.startswith("grandchild") for x in lines):
+                return  # the two come from different threads, in either order
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(WAIT)
+    if reader.is_alive():
+        proc.kill()
+        raise AssertionError(f"the worker did not start: {lines}")
+    return lines
+
+
+def _run_worker(tmp_path: Path, grace: float, signals: int = 1,
+                exit_code: str = "143") -> tuple[int, list[str], float]:
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    proc = subprocess.Popen([sys.executable, str(script), str(grace), exit_code],
+                            stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        lines = _read_until_ready(proc)
+        time.sleep(0.3)  # the short task has ended; the others run
+        start = time.monotonic()
+        for _ in range(signals):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.1)
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, lines + out.splitlines(), took
+
+
+def _grandchild(lines: list[str]) -> int:
+    return int(next(x for x in lines if x.startswith("grandchild")).split()[1])
+
+
+def test_sigterm_grace_then_cancel_all_then_exit(tmp_path: Path) -> None:
+    code, lines, took = _run_worker(tmp_path, grace=1.0)
+    assert code == 143, lines
+    assert 1.0 <= took < 10.0, lines
+    assert "requested" in lines
+    for name in ("tree", "spin", "sleep"):
+        assert f"{name} DeadlineCancelled shutdown: SIGTERM" in lines, lines
+    assert "short result short done" in lines
+    assert "cancelled 3" in lines
+    assert _wait_gone(_grandchild(lines))
+
+
+def test_sigterm_twice_skips_the_rest_of_the_grace_period(tmp_path: Path) -> None:
+    code, lines, took = _run_worker(tmp_path, grace=60.0, signals=2)
+    assert code == 143, lines
+    assert took < 10.0, lines
+    assert "spin DeadlineCancelled shutdown: SIGTERM" in lines
+    assert _wait_gone(_grandchild(lines))
+
+
+def test_sigterm_without_exit_code_leaves_the_exit_to_the_program(tmp_path: Path) -> None:
+    code, lines, _ = _run_worker(tmp_path, grace=0.0, exit_code="none")
+    assert code == 0, lines
+    assert "cancelled 3" in lines and "sleep DeadlineCancelled shutdown: SIGTERM" in lines
+    assert _wait_gone(_grandchild(lines))
+
+
+def test_handle_sigterm_refuses_bad_arguments_and_other_threads() -> None:
+    with pytest.raises(ValueError, match="grace"):
+        handle_sigterm(-1)
+    with pytest.raises(TypeError, match="signals"):
+        handle_sigterm(1, signals=signal.SIGTERM)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="exit_code"):
+        handle_sigterm(1, exit_code="143")  # type: ignore[arg-type]
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            handle_sigterm(1)
+        except ValueError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert errors and "main thread" in str(errors[0])
+    assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler)
+
+
+def test_handler_uninstall_puts_the_previous_handler_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    handler = handle_sigterm(1)
+    assert signal.getsignal(signal.SIGTERM) == handler._on_signal
+    handler.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_block_with_a_far_limit_is_cancelled_in_any_patched_wait(patched: None) -> None:
+    """The far limit of a task without one (years): poll() and the selectors take
+    milliseconds as a C int, so the waits must not hand it on whole (OverflowError)."""
+    import selectors
+    import socket
+
+    from timeoutcore.executor import NO_LIMIT
+
+    a, b = socket.socketpair()
+
+    def selector_wait() -> None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(a, selectors.EVENT_READ)
+            sel.select()
+
+    def communicate() -> None:
+        subprocess.Popen(["sleep", "60"], stdout=subprocess.PIPE).communicate()
+
+    try:
+        for wait in (selector_wait, communicate, lambda: a.recv(1), lambda: time.sleep(60)):
+            with pytest.raises(DeadlineCancelled):
+                with thread_deadline(NO_LIMIT) as scope:
+                    threading.Timer(0.1, scope.cancel).start()
+                    wait()
+    finally:
+        a.close()
+        b.close()
