@@ -273,13 +273,20 @@ WORKER = textwrap.dedent("""
 
     timeoutcore.patch()
     grace, exit_code = float(sys.argv[1]), sys.argv[2]
+    lock = threading.Lock()
+
+    def say(*parts):  # one line, whole: the threads print concurrently
+        with lock:
+            sys.stdout.write(" ".join(str(p) for p in parts) + "\\n")
+            sys.stdout.flush()
+
     handler = timeoutcore.handle_sigterm(
         grace, exit_code=None if exit_code == "none" else int(exit_code))
 
     def tree():
         proc = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; sleep 60"],
                                 stdout=subprocess.PIPE)
-        print("grandchild", int(proc.stdout.readline()), flush=True)
+        say("grandchild", int(proc.stdout.readline()))
         proc.communicate()
 
     def spin():
@@ -293,18 +300,18 @@ WORKER = textwrap.dedent("""
     pool = DeadlineExecutor(4)
     futures = {"tree": pool.submit(tree), "spin": pool.submit(spin),
                "sleep": pool.submit(time.sleep, 60), "short": pool.submit(short)}
-    print("ready", flush=True)
+    say("ready")
     try:
         handler.requested.wait()
-        print("requested", flush=True)
+        say("requested")
         handler.done.wait()
     finally:
         for name, fut in futures.items():
             try:
-                print(name, "result", fut.result(5), flush=True)
+                say(name, "result", fut.result(5))
             except BaseException as exc:
-                print(name, type(exc).__name__, getattr(exc, "reason", None), flush=True)
-        print("cancelled", len(handler.cancelled), flush=True)
+                say(name, type(exc).__name__, getattr(exc, "reason", None))
+        say("cancelled", len(handler.cancelled))
 """)
 
 
