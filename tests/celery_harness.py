@@ -26,13 +26,15 @@ class Worker:
     def __init__(self, url: str, pool: str, folder: Path, *, install: bool = True,
                  patch: bool = False, app_time_limit: Optional[float] = None,
                  registry_prefix: Optional[str] = None, concurrency: int = 2,
-                 loglevel: str = "INFO") -> None:
+                 loglevel: str = "INFO", reap: bool = False,
+                 shutdown_grace: Optional[float] = None) -> None:
         self.queue = f"timeoutcore-test-{uuid.uuid4().hex}"
         self.app: Celery = make_app(url, self.queue, app_time_limit=app_time_limit)
         self.log_path = folder / f"worker-{pool}-{self.queue[-8:]}.log"
         env = dict(os.environ, TC_URL=url, TC_QUEUE=self.queue, TC_INSTALL=str(int(install)),
                    TC_PATCH=str(int(patch)), TC_APP_TIME_LIMIT=str(app_time_limit or ""),
-                   TC_REGISTRY_PREFIX=registry_prefix or "",
+                   TC_REGISTRY_PREFIX=registry_prefix or "", TC_REAP=str(int(reap)),
+                   TC_SHUTDOWN_GRACE="" if shutdown_grace is None else str(shutdown_grace),
                    PYTHONPATH=os.pathsep.join(
                        p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p))
         with self.log_path.open("wb") as out:

@@ -27,7 +27,6 @@ from redis_server import wait_for_job  # noqa: E402
 
 WAIT = 30  # seconds a test waits for a result at most (a broken build fails, never hangs)
 ENFORCING = "time limits enforced by timeoutcore"
-STAYS_OUT = "timeoutcore stays out"
 
 
 @pytest.fixture(scope="module", params=["threads", "solo"])
@@ -153,16 +152,19 @@ def test_registry_lists_extends_and_cancels_celery_tasks(redis_url: str,
     coordinator.close()
 
 
-def test_prefork_is_left_to_celery(redis_url: str, tmp_path: Path) -> None:
-    """install() adds nothing to a prefork worker: Celery's own enforcement (signals to and
-    killing of child processes) produces the results."""
-    with Worker(redis_url, "prefork", tmp_path, install=True) as worker:
+def test_prefork_limits_are_enforced_in_the_pool_child(redis_url: str, tmp_path: Path) -> None:
+    """Under prefork the child enforces the limits itself, just before Celery's kill from
+    the parent: the task fails with TimeLimitExceeded and the same child takes the next
+    task (Celery's own kill would have replaced it)."""
+    with Worker(redis_url, "prefork", tmp_path, install=True, concurrency=1) as worker:
         app = worker.app
         child = app.tasks["t.pid"].delay().get(timeout=WAIT)
         assert child != worker.proc.pid  # the task ran in a child process
         assert app.tasks["t.soft_then_finish"].delay().get(
             timeout=WAIT) == "cleaned up after the soft limit"
-        with pytest.raises(TimeLimitExceeded):
+        with pytest.raises(TimeLimitExceeded) as info:
             app.tasks["t.hard"].delay().get(timeout=WAIT)
+        assert info.value.args == (0.5,)
+        assert app.tasks["t.pid"].delay().get(timeout=WAIT) == child
         log = worker.log()
-    assert STAYS_OUT in log and ENFORCING not in log, log[-3000:]
+    assert ENFORCING in log and "exited with 'signal 9" not in log, log[-3000:]

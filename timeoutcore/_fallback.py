@@ -541,7 +541,7 @@ def _raise_in_scope(scope: Scope, exc: type) -> bool:
         return True
 
 
-def scope_stacks(all_threads: bool) -> list[tuple[Scope, ...]]:
+def scope_stacks(all_threads: bool) -> list[tuple[Any, ...]]:
     """The active scopes, one tuple per thread (outermost first): of every thread, or of
     this thread only."""
     if not all_threads:
