@@ -37,12 +37,14 @@ def _pids(pidfile: Path) -> list[int]:
 
 
 def _alive(pid: int) -> str | None:
-    """The /proc state of ``pid`` (Z: a zombie), or None when it is gone."""
+    """The /proc state of ``pid`` (Z: a zombie), or None when it is gone -- or a zombie
+    re-parented to PID 1: init's to reap (some container inits reap lazily)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0]
+            fields = f.read().rpartition(")")[2].split()
     except (FileNotFoundError, ProcessLookupError):
         return None
+    return None if fields[0] == "Z" and fields[1] == "1" else fields[0]
 
 
 def _survivors(pidfile: Path, timeout: float = 5.0) -> dict[int, str]:

@@ -87,3 +87,28 @@ def test_redis_registry_example_runs(tmp_path: Path, redis_url: str) -> None:
     assert any(line.startswith("DeadlineCancelled block 'resize b' cancelled") for line in lines)
     listed = [line for line in lines if line.startswith(("a resize a", "b resize b"))]
     assert len(listed) == 2, proc.stdout
+
+
+def test_shutdown_example_cancels_the_jobs_and_leaves_no_child(tmp_path: Path) -> None:
+    """The SIGTERM example: exit 143 after the grace, every job cancelled, and none of the
+    `sleep 60` children left (they carry a marker in their environment, found in /proc)."""
+    code = _blocks("Stopping a worker: cancel everything, leave no process behind")[0]
+    script = tmp_path / "worker.py"
+    script.write_text(code, encoding="utf-8")
+    marker = f"readme-shutdown-{os.getpid()}-{time.monotonic_ns()}"
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, TC_MARKER=marker))
+    took = time.monotonic() - start
+    assert proc.returncode == 143, proc.stderr
+    assert proc.stdout.strip() == str(["DeadlineCancelled"] * 4), proc.stdout
+    assert took < 30
+    left = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if f"TC_MARKER={marker}".encode() in f.read():
+                    left.append(int(name))
+        except (OSError, ValueError):
+            continue
+    assert left == [], left

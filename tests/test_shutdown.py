@@ -38,12 +38,14 @@ TREE = ["sh", "-c", "sleep 60 & echo $!; sleep 60"]
 
 
 def _gone(pid: int) -> bool:
-    """Not running and not a zombie."""
+    """Not running and not a zombie -- but for one re-parented to PID 1: init's to reap
+    (some container inits reap lazily)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] == "X"
+            fields = f.read().rpartition(")")[2].split()
     except (FileNotFoundError, ProcessLookupError):
         return True
+    return fields[0] == "X" or (fields[0] == "Z" and fields[1] == "1")
 
 
 def _wait_gone(pid: int, timeout: float = WAIT) -> bool:
