@@ -92,6 +92,10 @@ def _wait_started(path: Path, n: int = 2) -> None:
         time.sleep(0.02)
 
 
+def _slug(config: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in config)
+
+
 def _worker(url: str, pool: str, folder: Path, options: dict[str, Any]) -> Worker:
     return Worker(url, pool, folder, concurrency=1 if pool == "prefork" else 2,
                   **options)
@@ -100,7 +104,7 @@ def _worker(url: str, pool: str, folder: Path, options: dict[str, Any]) -> Worke
 def limits(url: str, pool: str, config: str, folder: Path) -> Iterator[tuple[str, str, str]]:
     with _worker(url, pool, folder, CONFIGS[config]) as worker:
         for task in TASKS:
-            path = folder / f"{pool}-{config[:4]}-{task}.pids"
+            path = folder / f"{pool}-{_slug(config)}-{task}.pids"
             result = worker.app.tasks[task].delay(str(path))
             yield task, _outcome(result, RUNS_ON + 2), _left(path)
 
@@ -108,7 +112,7 @@ def limits(url: str, pool: str, config: str, folder: Path) -> Iterator[tuple[str
 def shutdown(url: str, pool: str, config: str, folder: Path,
              how: str) -> tuple[str, str, str, Optional[float]]:
     worker = _worker(url, pool, folder, CONFIGS[config])
-    path = folder / f"{pool}-{config[:4]}-{how}.pids"
+    path = folder / f"{pool}-{_slug(config)}-{how}.pids"
     took: Optional[float] = None
     try:
         result = worker.app.tasks["p.long"].delay(str(path))

@@ -8,6 +8,7 @@ A worker runs ``celery -A celery_app worker ...`` with its settings in the envir
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import time
 from typing import Any, Optional
@@ -20,7 +21,8 @@ from conftest import burn, spin_forever  # the tests' workloads (tests/ is on th
 #: A shell that records its pid and its background grandchild's, then waits on it: the
 #: process tree a task leaves behind when only the shell is stopped.
 def tree(pidfile: str, wait: int = 60) -> list[str]:
-    return ["sh", "-c", f"sleep {wait} & echo $! >> {pidfile}; echo $$ >> {pidfile}; wait"]
+    f = shlex.quote(pidfile)
+    return ["sh", "-c", f"sleep {wait} & echo $! >> {f}; echo $$ >> {f}; wait"]
 
 
 def record(pidfile: str, pid: int) -> None:
@@ -129,7 +131,7 @@ def make_app(url: str, queue: str, *, install: bool = False, patch: bool = False
         # a daemon in a session of its own, whose parent exits at once: no process tree
         # of the task's leads to it any more
         subprocess.run(["sh", "-c", f"setsid sleep 60 < /dev/null > /dev/null 2>&1 & "
-                                    f"echo $! >> {pidfile}"])
+                                    f"echo $! >> {shlex.quote(pidfile)}"])
         return "left a daemon"
 
     @app.task(name="p.zombie")

@@ -238,7 +238,8 @@ def _run_limited(task: Any, run: Callable[..., Any], limits: _Limits,
         if limits.soft is not None and limits.soft >= hard:
             del extras["soft_limit"], extras["soft_raise"]
     task_id = getattr(task.request, "id", None)
-    if options.registry is not None and task_id:
+    if options.registry is not None and task_id and limits.hard is not None:
+        # only tasks with a hard limit: it bounds the key's life in Redis
         extras = options.registry.scope_options(task_id, **extras)
     scope = thread_deadline(hard, **extras)
     running.add(task_id, scope)
