@@ -200,9 +200,11 @@ TC_LOCKED_2(PyObject *, mod_current, PyObject *, PyObject *)
 static PyObject *mod_scope_stacks_locked(PyObject *m, PyObject *arg)
 {
     (void)m;
-    int all = PyObject_IsTrue(arg);
-    if (all < 0)
+    if (!PyBool_Check(arg)) { /* no __bool__ of a user's object under the core lock */
+        PyErr_SetString(PyExc_TypeError, "_scope_stacks(all): all must be a bool");
         return NULL;
+    }
+    int all = arg == Py_True;
     tc_slot *head = t_slot;
     if (all) {
         pthread_mutex_lock(&g_mu);

@@ -418,8 +418,10 @@ def test_handler_uninstall_puts_the_previous_handler_back() -> None:
     before = signal.getsignal(signal.SIGTERM)
     handler = handle_sigterm(1)
     assert signal.getsignal(signal.SIGTERM) == handler._on_signal
+    assert handler._thread.is_alive()  # waits for the signal
     handler.uninstall()
     assert signal.getsignal(signal.SIGTERM) == before
+    assert not handler._thread.is_alive()  # nothing left behind
 
 
 def test_a_block_with_a_far_limit_is_cancelled_in_any_patched_wait(patched: None) -> None:
@@ -449,3 +451,42 @@ def test_a_block_with_a_far_limit_is_cancelled_in_any_patched_wait(patched: None
     finally:
         a.close()
         b.close()
+
+
+def test_cancel_all_from_a_signal_handler_in_a_guarded_thread_never_raises_there() -> None:
+    """The handler runs in the main thread, inside its block: cancelling that block must
+    not raise inside the handler (it would cut the loop short and land wherever the signal
+    interrupted the thread); every block is cancelled, the handler runs to its end."""
+    blocks = _Blocks()
+    blocks.start("worker", lambda: burn(60))
+    blocks.wait_entered(1)
+    seen: dict[str, Any] = {}
+
+    def handler(signum: int, frame: Any) -> None:
+        seen["cancelled"] = {s.label for s in cancel_all("from a handler")}
+        seen["handler finished"] = True
+
+    previous = signal.signal(signal.SIGUSR2, handler)
+    try:
+        with pytest.raises(DeadlineCancelled) as info:
+            with thread_deadline(60, label="main"):
+                signal.pthread_kill(threading.get_ident(), signal.SIGUSR2)
+                burn(60)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    blocks.join()
+    assert seen == {"cancelled": {"main", "worker"}, "handler finished": True}
+    assert info.value.reason == "from a handler"
+    assert isinstance(blocks.outcome["worker"], DeadlineCancelled)
+
+
+def test_executor_shutdown_cancel_after_covers_the_queue_too() -> None:
+    """One worker, tasks queued behind each other: between two of them no task runs, but
+    the pool is not idle; the grace still ends with everything cancelled."""
+    pool = DeadlineExecutor(1)
+    futures = [pool.submit(burn, 60) for _ in range(4)]
+    time.sleep(0.05)
+    start = time.monotonic()
+    pool.shutdown(cancel_after=0.2)
+    assert time.monotonic() - start < 5.0
+    assert all(isinstance(f.exception(0), DeadlineCancelled) for f in futures)

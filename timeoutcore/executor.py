@@ -73,6 +73,7 @@ class _Running:
         self.scopes: set[Any] = set()
         self.idle = threading.Condition(self.lock)
         self.cancelling: Optional[str] = None  # set: every task is cancelled, new ones too
+        self.unfinished = 0  # futures submitted and not done
 
     def run(self, make: Callable[[], Any], fn: Callable[..., T], args: Any, kwargs: Any) -> T:
         scope = make()
@@ -86,13 +87,26 @@ class _Running:
         finally:
             with self.lock:
                 self.scopes.discard(scope)
-                if not self.scopes:
-                    self.idle.notify_all()
+
+    def track(self, future: Future[Any]) -> None:
+        """Count ``future`` as unfinished until it is done (run, failed or cancelled)."""
+        with self.lock:
+            self.unfinished += 1
+        future.add_done_callback(self._finished)
+
+    def _finished(self, future: Future[Any]) -> None:
+        with self.lock:
+            self.unfinished -= 1
+            if not self.unfinished:
+                self.idle.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
+        """Wait until every submitted task has finished; False when ``timeout`` passed
+        first. (No task running is not enough: a worker may be about to take the next one
+        from the queue.)"""
         end = time.monotonic() + timeout
         with self.lock:
-            while self.scopes:
+            while self.unfinished:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
@@ -132,14 +146,13 @@ class DeadlineExecutor(ThreadPoolExecutor):
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` under the default policy."""
-        return super().submit(self._running.run, self._make, fn, args, kwargs)
+        return self._submit(self._make, fn, args, kwargs)
 
     def submit_with(
         self, limits: Limits, fn: Callable[..., T], /, *args: Any, **kwargs: Any
     ) -> Future[T]:
         """Run ``fn(*args, **kwargs)`` under ``limits`` (seconds, a policy or a mapping)."""
-        return super().submit(self._running.run, _factory(as_policy(limits, self.policy)), fn,
-                              args, kwargs)
+        return self._submit(_factory(as_policy(limits, self.policy)), fn, args, kwargs)
 
     def map(
         self,
@@ -158,10 +171,7 @@ class DeadlineExecutor(ThreadPoolExecutor):
         else:
             per_item = (as_policy(x, self.policy) for x in limits)
         futures = [
-            super(DeadlineExecutor, self).submit(
-                self._running.run, self._make if policy is self.policy else _factory(policy),
-                fn, args, {}
-            )
+            self._submit(self._make if policy is self.policy else _factory(policy), fn, args, {})
             for policy, args in zip(per_item, zip(*iterables))
         ]
         return _results(futures, timeout)
@@ -193,6 +203,12 @@ class DeadlineExecutor(ThreadPoolExecutor):
     def _cancel_after(self, grace: float) -> None:
         if not self._running.wait_idle(grace):
             self._running.cancel("executor shutdown")
+
+    def _submit(self, make: Callable[[], Any], fn: Callable[..., T], args: Any,
+                kwargs: Any) -> Future[T]:
+        future = super().submit(self._running.run, make, fn, args, kwargs)
+        self._running.track(future)
+        return future
 
 
 def _results(futures: list[Future[T]], timeout: Optional[float]) -> Iterator[T]:

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from . import _validate
 from ._engine import core
 
-__all__ = ["ShutdownHandler", "active_scopes", "cancel_all", "handle_sigterm"]
+__all__ = ["ShutdownHandler", "active_scopes", "cancel_all", "cancel_soon", "handle_sigterm"]
 
 #: Exit status of a process stopped by SIGTERM (128 + 15), what ``SystemExit`` carries.
 SIGTERM_EXIT = 128 + signal.SIGTERM
@@ -42,8 +42,9 @@ def cancel_all(reason: Optional[str] = None) -> list[Any]:
     active scope is cancelled (``scope.cancel(reason)``), so the whole block stops and its
     exit raises :class:`~timeoutcore.DeadlineCancelled` with ``reason``; inner scopes let
     the interrupt through. Returns the scopes it cancelled (those that had not expired
-    already). Callable from any thread, a signal handler included; blocks entered after
-    the call are not affected.
+    already). Callable from any thread, a signal handler included (the calling thread's own
+    block is cancelled through :func:`cancel_soon`: it never raises here); blocks entered
+    after the call are not affected.
 
     A block stops at its next bytecode, or in a wait that ends at the thread's stop time
     (``timeoutcore.sleep``, the waits of ``patch()``). A scope without a deadline
@@ -56,16 +57,34 @@ def cancel_all(reason: Optional[str] = None) -> list[Any]:
     for scope in active_scopes():
         if scope.expired():
             continue
-        scope.cancel(reason)
+        cancel_soon(scope, reason)
         cancelled.append(scope)
     return cancelled
+
+
+def cancel_soon(scope: Any, reason: Optional[str] = None) -> None:
+    """``scope.cancel(reason)``, which never raises here: in the scope's own thread
+    ``cancel()`` raises at once -- inside a signal handler that would be in the middle of
+    whatever the handler interrupted, protected code included -- so there the cancel is
+    made from a helper thread, and the interrupt reaches the block through safe delivery
+    once the calling code has returned to it."""
+    if scope.thread_ident == threading.get_ident():
+        threading.Thread(target=scope.cancel, args=(reason,), daemon=True,
+                         name="timeoutcore-cancel").start()
+    else:
+        scope.cancel(reason)
 
 
 def _kill_children_of(scopes: list[Any]) -> None:
     from ._patch_subprocess import kill_children
 
     for scope in scopes:
-        kill_children(scope)
+        try:
+            kill_children(scope)
+        except Exception:  # noqa: BLE001 - logged; the shutdown goes on
+            import logging
+
+            logging.getLogger("timeoutcore").exception("killing the children of %r", scope)
 
 
 class ShutdownHandler:
@@ -87,6 +106,13 @@ class ShutdownHandler:
         self._now = threading.Event()  # a repeated signal: cancel without waiting more
         self._previous: dict[int, Any] = {}
         self._exit_pending = False
+        self._wake = threading.Event()  # the first signal, or uninstall()
+        self._stopped = False
+        # Started now, not in the handler: Thread.start() takes threading's own lock, which
+        # the interrupted main thread may hold.
+        self._thread = threading.Thread(target=self._run, name="timeoutcore-shutdown",
+                                        daemon=True)
+        self._thread.start()
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if self._exit_pending:  # the shutdown thread has finished: leave now
@@ -96,9 +122,12 @@ class ShutdownHandler:
             self._now.set()  # the signal again: the grace period is over
             return
         self.requested.set()
-        threading.Thread(target=self._run, name="timeoutcore-shutdown", daemon=True).start()
+        self._wake.set()
 
     def _run(self) -> None:
+        self._wake.wait()
+        if self._stopped:
+            return
         end = time.monotonic() + self.grace
         while active_scopes() and not self._now.is_set():
             left = end - time.monotonic()
@@ -119,10 +148,15 @@ class ShutdownHandler:
             signal.pthread_kill(main.ident, self.signals[0])
 
     def uninstall(self) -> None:
-        """Put back the handlers that were there before (main thread only)."""
+        """Put back the handlers that were there before (main thread only); before a
+        signal came, this also ends the handler's thread."""
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+        if not self.requested.is_set():
+            self._stopped = True
+            self._wake.set()
+            self._thread.join()
 
 
 def handle_sigterm(grace: float = 5.0, *, signals: tuple[int, ...] = (signal.SIGTERM,),
