@@ -62,7 +62,7 @@ def _adopt(scope: Any, proc: Any) -> None:
     if children is None:
         children = scope._children = []
         scope.on_timeout(kill_children, scope)
-    children[:] = [p for p in children if p.returncode is None]
+    children[:] = [p for p in children if original(subprocess.Popen.poll)(p) is None]
     children.append(proc)
 
 

@@ -65,9 +65,12 @@ def kill_session(sid: int) -> None:
 
     Only the members found in /proc are signalled, never ``killpg(sid)``: once nothing is
     left in the session, its number may belong to an unrelated process group."""
+    members = _session_members(sid)
+    if any(pid == sid for pid, _, _, _ in members):
+        return  # a live process has the leader's number: not the session we knew
     found = False
-    for pid, _, _, state in _session_members(sid):
-        if pid != sid and state != b"Z":
+    for pid, _, _, state in members:
+        if state != b"Z":
             found = True
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -98,8 +101,8 @@ def become_subreaper() -> None:
         raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
 
 
-def _process_table() -> list[tuple[int, int, bytes]]:
-    """``(pid, ppid, state)`` of every process (from /proc)."""
+def _process_table() -> list[tuple[int, int, int, bytes]]:
+    """``(pid, ppid, sid, state)`` of every process (from /proc)."""
     table = []
     try:
         names = os.listdir("/proc")
@@ -112,39 +115,50 @@ def _process_table() -> list[tuple[int, int, bytes]]:
             with open(f"/proc/{name}/stat", "rb") as f:
                 data = f.read()
             fields = data[data.rindex(b")") + 2:].split()
-            table.append((int(name), int(fields[1]), fields[0]))
+            table.append((int(name), int(fields[1]), int(fields[3]), fields[0]))
         except (OSError, ValueError, IndexError):
             continue
     return table
 
 
-def descendants() -> list[tuple[int, int, bytes]]:
-    """``(pid, ppid, state)`` of every descendant of this process (zombies included)."""
+def descendants(*, other_sessions: bool = False) -> list[tuple[int, int, bytes]]:
+    """``(pid, ppid, state)`` of every descendant of this process (zombies included);
+    with ``other_sessions``, only those outside this process's session and their subtrees
+    (what tasks start under ``patch()`` -- a session of their own each -- and daemons that
+    ``setsid()``; not the helpers this process forks itself, such as Celery's embedded
+    beat or multiprocessing's resource tracker)."""
     me = os.getpid()
+    mine = os.getsid(0)
     table = _process_table()
-    by_parent: dict[int, list[tuple[int, int, bytes]]] = {}
+    by_parent: dict[int, list[tuple[int, int, int, bytes]]] = {}
     for entry in table:
         by_parent.setdefault(entry[1], []).append(entry)
     out: list[tuple[int, int, bytes]] = []
-    todo = [me]
+    todo = [(me, False)]
     while todo:
-        for entry in by_parent.get(todo.pop(), ()):
-            out.append(entry)
-            todo.append(entry[0])
+        parent, inside = todo.pop()
+        for pid, ppid, sid, state in by_parent.get(parent, ()):
+            taken = inside or not other_sessions or sid != mine
+            if taken:
+                out.append((pid, ppid, state))
+            todo.append((pid, taken))
     return out
 
 
-def kill_descendants(timeout: float = _REAP_ORPHANS_FOR) -> int:
-    """SIGKILL every descendant of this process and reap them; returns how many were
-    killed or reaped. Meant for a child subreaper (:func:`become_subreaper`): then the
-    descendants of killed ones come back to it and are reaped too. Never waits with a
-    deadline; at most ``timeout`` seconds for the re-parented ones."""
+def kill_descendants(timeout: float = _REAP_ORPHANS_FOR, *, other_sessions: bool = False) -> int:
+    """SIGKILL every descendant of this process (with ``other_sessions``: see
+    :func:`descendants`) and reap them; returns how many were killed or reaped. Meant for
+    a child subreaper (:func:`become_subreaper`): then the descendants of killed ones come
+    back to it and are reaped too. Never waits with a deadline; at most ``timeout``
+    seconds for the re-parented ones. (The /proc scan and the kill are two steps: a
+    process that exits and is reaped by its own parent in between has its pid free again;
+    the window is microseconds, the kernel hands pids out in order.)"""
     me = os.getpid()
     end = time.monotonic() + timeout
     count = 0
     seen: set[int] = set()
     while True:
-        found = descendants()
+        found = descendants(other_sessions=other_sessions)
         for pid, ppid, state in found:
             if state != b"Z" and pid not in seen:
                 seen.add(pid)
@@ -212,20 +226,27 @@ def kill_and_reap(proc: Any, *, group: bool = True) -> None:
         else:
             try:
                 os.kill(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            except (ProcessLookupError, PermissionError):
+                pass  # gone, or it changed its user (setuid): it is not ours to kill
         _reap(proc)
     if group:
         reap_orphans(proc.pid)
 
 
-def _reap(proc: Any) -> None:
-    """Reap ``proc`` (already killed) without a deadline and without patched calls."""
-    if proc.returncode is not None:
-        return
-    try:
-        _, status = os.waitpid(proc.pid, 0)
-    except ChildProcessError:
-        original(_Popen.poll)(proc)  # someone else reaped it: let Popen find out
-        return
-    proc.returncode = os.waitstatus_to_exitcode(status)
+def _reap(proc: Any, timeout: float = _REAP_ORPHANS_FOR) -> None:
+    """Reap ``proc`` (already sent SIGKILL) without a deadline and without patched calls,
+    waiting at most ``timeout`` seconds (a child that could not be killed -- it changed
+    its user -- is left to its ``Popen``)."""
+    end = time.monotonic() + timeout
+    while proc.returncode is None:
+        try:
+            pid, status = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            original(_Popen.poll)(proc)  # someone else reaped it: let Popen find out
+            return
+        if pid == proc.pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return
+        if time.monotonic() >= end:
+            return
+        time.sleep(0.0005)
