@@ -237,3 +237,19 @@ def test_install_refuses_bad_options() -> None:
         install(app, patch="yes")  # type: ignore[arg-type]
     assert not [s for s in app.steps["worker"] if "timeoutcore" in getattr(s, "name", "")]
 
+
+
+def test_a_revoke_before_the_body_starts_stops_the_task_at_entry() -> None:
+    """Celery accepts a task (it can be revoked from then on) a little before its body
+    starts: a cancel in between is kept and applied when the scope is registered."""
+    from timeoutcore import DeadlineCancelled, thread_deadline
+    from timeoutcore.contrib.celery import TERMINATED, _Running
+
+    running = _Running()
+    assert running.cancel("task-1", TERMINATED) is None  # no scope yet: kept
+    scope = thread_deadline(60)
+    running.add("task-1", scope)
+    with pytest.raises(DeadlineCancelled) as info:
+        with scope:
+            time.sleep(5)
+    assert info.value.reason == TERMINATED and not running.early

@@ -17,8 +17,8 @@ child enforces them itself, a little before the parent would:
   the running task's processes, then does what billiard's handler does (exit);
 * SIGUSR2 from the parent (``shutdown_grace`` elapsed) cancels the running task like a
   revoke;
-* with ``reap``: the child is a child subreaper, and after each task and at its exit every
-  descendant it has is killed and reaped.
+* with ``reap``: the child is a child subreaper, and after each task (contrib.celery) and
+  at its exit every descendant it has is killed and reaped.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from __future__ import annotations
 import signal
 import threading
 from typing import Any
+
+from ..shutdown import cancel_soon
 
 #: The signal the parent sends its children when ``shutdown_grace`` has elapsed.
 CANCEL_SIGNAL = signal.SIGUSR2
@@ -66,12 +68,14 @@ def _kill_running_tree() -> None:
 def _on_term(signum: int, frame: Any) -> None:
     """SIGTERM in a pool child: the task's processes die first, then billiard's own
     handler runs (it exits the child)."""
-    _kill_running_tree()
-    previous = child.previous_term
-    if callable(previous):
-        previous(signum, frame)
-    else:
-        raise SystemExit(-(256 - signum))
+    try:
+        _kill_running_tree()
+    finally:
+        previous = child.previous_term
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise SystemExit(-(256 - signum))
 
 
 def _on_soft(signum: int, frame: Any) -> None:
@@ -84,24 +88,12 @@ def _on_soft(signum: int, frame: Any) -> None:
         raise SoftTimeLimitExceeded()
 
 
-def cancel_from_handler(scope: Any, reason: str) -> None:
-    """Cancel ``scope`` from a signal handler (or other code) that may be running in the
-    scope's own thread: there ``cancel()`` raises at once, right inside the handler --
-    which may have interrupted protected code, or have work left (Celery's shutdown). From
-    another thread the interrupt goes through safe delivery and lands after the handler."""
-    if scope.thread_ident == threading.get_ident():
-        threading.Thread(target=scope.cancel, args=(reason,), daemon=True,
-                         name="timeoutcore-cancel").start()
-    else:
-        scope.cancel(reason)
-
-
 def _on_cancel(signum: int, frame: Any) -> None:
     """SIGUSR2 from the parent: ``shutdown_grace`` elapsed; the running task is cancelled
     (the scope's exit marks it REVOKED, see contrib.celery)."""
     scope = child.scope
-    if scope is not None:
-        cancel_from_handler(scope, SHUTDOWN_REASON)
+    if scope is not None:  # never raises in the handler (see cancel_soon)
+        cancel_soon(scope, SHUTDOWN_REASON)
 
 
 def install_signals() -> None:
@@ -110,9 +102,12 @@ def install_signals() -> None:
     if child.signals_ready or threading.current_thread() is not threading.main_thread():
         return
     child.signals_ready = True
-    child.previous_term = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _on_term)
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_IGN:  # REMAP_SIGTERM: billiard's children ignore it
+        child.previous_term = previous
+        signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGUSR1, _on_soft)
+    signal.signal(CANCEL_SIGNAL, _on_cancel)  # again: billiard may have reset it
 
 
 def on_process_init(reap: bool) -> None:
@@ -123,14 +118,6 @@ def on_process_init(reap: bool) -> None:
         from .._process_tree import become_subreaper
 
         become_subreaper()
-
-
-def after_task() -> None:
-    """After every task in the child: with ``reap``, nothing it started survives it."""
-    if child.reap:
-        from .._process_tree import kill_descendants
-
-        kill_descendants()
 
 
 def on_process_shutdown() -> None:

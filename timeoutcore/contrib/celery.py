@@ -64,7 +64,7 @@ from celery import bootsteps, signals
 from celery.concurrency.prefork import TaskPool as PreforkPool
 from celery.concurrency.solo import TaskPool as SoloPool
 from celery.concurrency.thread import TaskPool as ThreadPool
-from celery.exceptions import Ignore, SoftTimeLimitExceeded, TimeLimitExceeded
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitExceeded
 
 from .. import _validate
 from ..errors import DeadlineCancelled, DeadlineExceeded
@@ -103,10 +103,16 @@ class _Limits:
 class _Options:
     """What ``install()`` was given, as the worker (or pool child) uses it."""
 
-    def __init__(self, registry: Any, reap: bool, prefork_child: bool) -> None:
+    def __init__(self, registry: Any, reap: bool, prefork_child: bool,
+                 default_hard: Optional[float] = None,
+                 default_soft: Optional[float] = None) -> None:
         self.registry = registry
         self.reap = reap
         self.prefork_child = prefork_child
+        # the pool's own limits (app conf or `celery worker --time-limit/--soft-time-limit`),
+        # read in the parent before the children fork
+        self.default_hard = default_hard
+        self.default_soft = default_soft
 
 
 class _Running:
@@ -116,11 +122,34 @@ class _Running:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.scopes: dict[str, Any] = {}
+        # cancels that came before the task's scope existed (a revoke between Celery's
+        # accept and the body's start): reason by task id
+        self.early: dict[str, str] = {}
 
     def add(self, task_id: Optional[str], scope: Any) -> None:
+        """Register the task's scope (before it is entered); a cancel that came early is
+        applied to it now, so the task stops at entry."""
         if task_id:
             with self.lock:
                 self.scopes[task_id] = scope
+                reason = self.early.pop(task_id, None)
+            if reason is not None:
+                scope.cancel(reason)
+
+    def cancel(self, task_id: str, reason: str) -> Any:
+        """The scope of a running task, or None after noting an early cancel for it."""
+        with self.lock:
+            scope = self.scopes.get(task_id)
+            if scope is None:
+                self.early[task_id] = reason
+            return scope
+
+    def reap_if_idle(self, kill: Callable[[], Any]) -> None:
+        """Run ``kill()`` if no task is running, holding the lock so that none starts
+        meanwhile (and so none starts a process the kill would take for a leftover)."""
+        with self.lock:
+            if not self.scopes:
+                kill()
 
     def remove(self, task_id: Optional[str], scope: Any) -> int:
         """Forget the task; returns how many tasks still run."""
@@ -128,10 +157,6 @@ class _Running:
             if task_id and self.scopes.get(task_id) is scope:
                 del self.scopes[task_id]
             return len(self.scopes)
-
-    def get(self, task_id: str) -> Any:
-        with self.lock:
-            return self.scopes.get(task_id)
 
     def all(self) -> list[Any]:
         with self.lock:
@@ -194,9 +219,9 @@ def _child_limits(task: Any, options: _Options) -> _Limits:
     timelimit = getattr(task.request, "timelimit", None) or (None, None)
     conf = task.app.conf
     hard = (_limit_option(timelimit[0]) or _limit_option(task.time_limit)
-            or _limit_option(conf.task_time_limit))
+            or options.default_hard or _limit_option(conf.task_time_limit))
     soft = (_limit_option(timelimit[1]) or _limit_option(task.soft_time_limit)
-            or _limit_option(conf.task_soft_time_limit))
+            or options.default_soft or _limit_option(conf.task_soft_time_limit))
     hard, soft = _resolve(hard, soft)
     return _Limits(hard, soft, None, options)
 
@@ -236,7 +261,7 @@ def _run_limited(task: Any, run: Callable[..., Any], limits: _Limits,
     if options.prefork_child and limits.hard is not None:
         hard = limits.hard - _celery_child.hard_margin(limits.hard)  # before Celery's kill
         if limits.soft is not None and limits.soft >= hard:
-            del extras["soft_limit"], extras["soft_raise"]
+            extras["soft_limit"] = hard * 0.95  # still before the (earlier) hard limit
     task_id = getattr(task.request, "id", None)
     if options.registry is not None and task_id and limits.hard is not None:
         # only tasks with a hard limit: it bounds the key's life in Redis
@@ -251,6 +276,10 @@ def _run_limited(task: Any, run: Callable[..., Any], limits: _Limits,
     except DeadlineCancelled as exc:
         if exc.scope is not scope:
             raise
+        if exc.reason == COLD_SHUTDOWN and task.acks_late:
+            # Celery left the message unacknowledged for the broker to redeliver; Ignore
+            # would acknowledge it (the task would be lost)
+            raise Reject(requeue=True) from None
         if exc.reason not in _ANNOUNCED_BY_CELERY:
             _revoked(task, task_id, exc.reason or _CANCELLED)
         raise Ignore() from None  # the state is REVOKED (or Celery's own); nothing stored
@@ -266,19 +295,26 @@ def _run_limited(task: Any, run: Callable[..., Any], limits: _Limits,
             _celery_child.end(previous)
         left = running.remove(task_id, scope)
         if options.reap:
-            _reap_after(scope, left)
+            _reap_after(scope, left, options.prefork_child)
 
 
-def _reap_after(scope: Any, others_running: int) -> None:
-    """``reap``: the task's own processes go at once; every other descendant once no task
-    runs in this process (the threads pool: another task's processes are not ours to
-    kill)."""
+def _reap_after(scope: Any, others_running: int, prefork_child: bool) -> None:
+    """``reap``: the task's own processes go at once. In a prefork child every other
+    descendant too; in the worker (threads/solo) those outside its own session -- the
+    sessions the task's processes got, daemons that ``setsid()`` -- once no task runs
+    (another task's processes are not ours to kill; the worker's own helpers, such as an
+    embedded beat, are in its session). Never raises: the task's result stands."""
     from .._patch_subprocess import kill_children
     from .._process_tree import kill_descendants
 
-    kill_children(scope)
-    if not others_running:
-        kill_descendants()
+    try:
+        kill_children(scope)
+        if prefork_child:
+            kill_descendants()
+        elif not others_running:
+            running.reap_if_idle(lambda: kill_descendants(other_sessions=True))
+    except Exception:  # noqa: BLE001 - logged; never the task's outcome
+        log.exception("reaping the processes of a task failed")
 
 
 _CANCELLED = "cancelled through the deadline registry"
@@ -319,9 +355,9 @@ def _terminate_job(pid: Any, signal: Any = None) -> None:
     request, reason = getattr(_target, "request", None), getattr(_target, "reason", None)
     if request is None:
         return
-    scope = running.get(request.id)
+    scope = running.cancel(request.id, reason or TERMINATED)
     if scope is None:
-        return
+        return  # accepted, body not started yet: it stops at entry (_Running.add)
     if scope.thread_ident != threading.get_ident():
         scope.cancel(reason or TERMINATED)
         return
@@ -403,14 +439,10 @@ def _enforcing_pool(pool: Any) -> bool:
 # --- shutdown_grace -------------------------------------------------------------------------
 
 
-def _after_grace(grace: float, cancel: Callable[[], None], until_idle: bool) -> None:
-    """Wait ``grace`` seconds -- or, with ``until_idle``, until no task runs in this
-    process, whichever is first -- then ``cancel()`` what still runs."""
-    end = time.monotonic() + grace
-    while time.monotonic() < end:
-        if until_idle and not running.all():
-            return
-        time.sleep(min(0.02, max(0.0, end - time.monotonic())))
+def _after_grace(grace: float, cancel: Callable[[], None]) -> None:
+    """``grace`` seconds into a warm shutdown: ``cancel()`` what still runs. (A daemon
+    thread: if the tasks end first, the worker exits and this goes with it.)"""
+    time.sleep(grace)
     cancel()
 
 
@@ -423,6 +455,8 @@ def _cancel_in_children(pool: Any) -> Callable[[], None]:
     def cancel() -> None:
         inner = getattr(pool, "_pool", None)
         for process in list(getattr(inner, "_pool", None) or ()):
+            if getattr(process, "exitcode", None) is not None:
+                continue  # exited (and reaped): its pid may be another process's now
             try:
                 os.kill(process.pid, _celery_child.CANCEL_SIGNAL)
             except (ProcessLookupError, TypeError):
@@ -431,15 +465,14 @@ def _cancel_in_children(pool: Any) -> Callable[[], None]:
     return cancel
 
 
-def _on_shutting_down(grace: float, cancel: Callable[[], None],
-                      until_idle: bool) -> Callable[..., None]:
+def _on_shutting_down(grace: float, cancel: Callable[[], None]) -> Callable[..., None]:
     started = threading.Event()
 
     def on_shutting_down(sender: Any = None, how: Any = None, **kw: Any) -> None:
         if how != "Warm" or started.is_set():
             return  # a repeated signal changes nothing: the grace runs from the first
         started.set()
-        threading.Thread(target=_after_grace, args=(grace, cancel, until_idle), daemon=True,
+        threading.Thread(target=_after_grace, args=(grace, cancel), daemon=True,
                          name="timeoutcore-celery-grace").start()
 
     return on_shutting_down
@@ -485,7 +518,8 @@ class TimeLimitStep(bootsteps.Step):
             from .._process_tree import become_subreaper, kill_descendants
 
             become_subreaper()
-            signals.worker_shutdown.connect(lambda **kw: kill_descendants(), weak=False)
+            signals.worker_shutdown.connect(
+                lambda **kw: kill_descendants(other_sessions=True), weak=False)
         options = _Options(self.registry, self.reap, prefork_child=False)
         for task in worker.app.tasks.values():
             _guard_task(task)
@@ -494,11 +528,13 @@ class TimeLimitStep(bootsteps.Step):
         signals.worker_ready.connect(_count_handlers, weak=False)
         if self.shutdown_grace is not None:
             signals.worker_shutting_down.connect(
-                _on_shutting_down(self.shutdown_grace, _cancel_in_threads, True), weak=False)
+                _on_shutting_down(self.shutdown_grace, _cancel_in_threads), weak=False)
 
     def _prefork(self, worker: Any, pool: Any) -> None:
         patch_blocking, reap, app = self.patch_blocking, self.reap, worker.app
-        options = _Options(self.registry, reap, prefork_child=True)
+        options = _Options(self.registry, reap, prefork_child=True,
+                           default_hard=_limit_option(pool.options.get("timeout")),
+                           default_soft=_limit_option(pool.options.get("soft_timeout")))
 
         def child_init(**kw: Any) -> None:
             if patch_blocking:
@@ -512,12 +548,9 @@ class TimeLimitStep(bootsteps.Step):
         signals.worker_process_init.connect(child_init, weak=False)
         signals.worker_process_shutdown.connect(
             lambda **kw: _celery_child.on_process_shutdown(), weak=False)
-        if reap:
-            signals.task_postrun.connect(lambda **kw: _celery_child.after_task(), weak=False)
         if self.shutdown_grace is not None:
             signals.worker_shutting_down.connect(
-                _on_shutting_down(self.shutdown_grace, _cancel_in_children(pool), False),
-                weak=False)
+                _on_shutting_down(self.shutdown_grace, _cancel_in_children(pool)), weak=False)
 
 
 def install(app: Any, *, patch: bool = False, registry: Any = None, reap: bool = False,
