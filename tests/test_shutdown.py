@@ -455,15 +455,18 @@ def test_a_block_with_a_far_limit_is_cancelled_in_any_patched_wait(patched: None
 
 def test_cancel_all_from_a_signal_handler_in_a_guarded_thread_never_raises_there() -> None:
     """The handler runs in the main thread, inside its block: cancelling that block must
-    not raise inside the handler (it would cut the loop short and land wherever the signal
-    interrupted the thread); every block is cancelled, the handler runs to its end."""
+    not raise inside cancel_all (it would cut the loop short, and land wherever the signal
+    interrupted the thread); every block is cancelled. The interrupt then comes through
+    safe delivery: a handler that is protected code runs to its end first."""
     blocks = _Blocks()
     blocks.start("worker", lambda: burn(60))
     blocks.wait_entered(1)
     seen: dict[str, Any] = {}
 
+    @timeoutcore.protected
     def handler(signum: int, frame: Any) -> None:
         seen["cancelled"] = {s.label for s in cancel_all("from a handler")}
+        burn(0.1)  # long enough for the helper's cancel to be due inside the handler
         seen["handler finished"] = True
 
     previous = signal.signal(signal.SIGUSR2, handler)

@@ -66,8 +66,9 @@ def cancel_soon(scope: Any, reason: Optional[str] = None) -> None:
     """``scope.cancel(reason)``, which never raises here: in the scope's own thread
     ``cancel()`` raises at once -- inside a signal handler that would be in the middle of
     whatever the handler interrupted, protected code included -- so there the cancel is
-    made from a helper thread, and the interrupt reaches the block through safe delivery
-    once the calling code has returned to it."""
+    made from a helper thread, and the interrupt reaches the block through safe delivery:
+    at the thread's next line outside protected code -- possibly in the rest of the
+    calling handler, unless that is protected (``@timeoutcore.protected``)."""
     if scope.thread_ident == threading.get_ident():
         threading.Thread(target=scope.cancel, args=(reason,), daemon=True,
                          name="timeoutcore-cancel").start()
