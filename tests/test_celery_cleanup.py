@@ -173,25 +173,33 @@ def test_revoke_terminate_stops_the_task_and_its_processes(full: Worker, tmp_pat
     assert full.app.tasks["t.quick"].delay(5).get(timeout=WAIT) == 10
 
 
+def _shut_down(pool: str, redis_url: str, folder: Path, pidfile: Path, signals: list[int],
+               wait: float) -> tuple[Any, float, str]:
+    """A worker with the options runs ``p.long``; send it ``signals`` (0.2 s apart) and
+    wait for it to exit: (the task's result, seconds to exit, the worker's log)."""
+    worker = _worker(pool, folder, redis_url, reap=True, shutdown_grace=GRACE)
+    try:
+        result = worker.app.tasks["p.long"].delay(str(pidfile))
+        _wait_started(pidfile)
+        start = time.monotonic()
+        for signum in signals:
+            worker.proc.send_signal(signum)
+            time.sleep(0.2)
+        worker.proc.wait(wait)
+        took = time.monotonic() - start
+    finally:
+        log = worker.stop()
+    return result, took, log
+
+
 @pytest.mark.parametrize("pool", POOLS)
 def test_warm_shutdown_cancels_running_tasks_after_the_grace(
         pool: str, redis_url: str, tmp_path: Path) -> None:
     """SIGTERM, and SIGTERM again (a repeated signal changes nothing: the grace runs from
     the first): the running task is cancelled after it, and the worker exits."""
-    signals = 2
     pidfile = tmp_path / "pids"
-    worker = _worker(pool, tmp_path, redis_url, reap=True, shutdown_grace=GRACE)
-    try:
-        result = worker.app.tasks["p.long"].delay(str(pidfile))
-        _wait_started(pidfile)
-        start = time.monotonic()
-        for _ in range(signals):
-            worker.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.2)
-        worker.proc.wait(GRACE + 20)
-        took = time.monotonic() - start
-    finally:
-        log = worker.stop()
+    result, took, log = _shut_down(pool, redis_url, tmp_path, pidfile,
+                                   [signal.SIGTERM, signal.SIGTERM], GRACE + 20)
     assert took < GRACE + 15, log[-3000:]
     assert _survivors(pidfile) == {}, log[-3000:]
     with pytest.raises(TaskRevokedError):
@@ -204,16 +212,7 @@ def test_warm_shutdown_cancels_running_tasks_after_the_grace(
 def test_cold_shutdown_stops_the_task_and_its_processes(pool: str, redis_url: str,
                                                         tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
-    worker = _worker(pool, tmp_path, redis_url, reap=True, shutdown_grace=GRACE)
-    try:
-        result = worker.app.tasks["p.long"].delay(str(pidfile))
-        _wait_started(pidfile)
-        start = time.monotonic()
-        worker.proc.send_signal(signal.SIGQUIT)
-        worker.proc.wait(20)
-        took = time.monotonic() - start
-    finally:
-        log = worker.stop()
+    result, took, log = _shut_down(pool, redis_url, tmp_path, pidfile, [signal.SIGQUIT], 20)
     assert took < 15, log[-3000:]
     assert _survivors(pidfile) == {}, log[-3000:]
     assert "NotImplementedError" not in log, log[-3000:]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import burn
+from conftest import burn, in_thread
 
 import timeoutcore
 from timeoutcore import (
@@ -399,18 +399,8 @@ def test_handle_sigterm_refuses_bad_arguments_and_other_threads() -> None:
         handle_sigterm(1, signals=signal.SIGTERM)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="exit_code"):
         handle_sigterm(1, exit_code="143")  # type: ignore[arg-type]
-    errors: list[BaseException] = []
-
-    def other() -> None:
-        try:
-            handle_sigterm(1)
-        except ValueError as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=other)
-    t.start()
-    t.join()
-    assert errors and "main thread" in str(errors[0])
+    with pytest.raises(ValueError, match="main thread"):
+        in_thread(lambda: handle_sigterm(1))
     assert signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.default_int_handler)
 
 

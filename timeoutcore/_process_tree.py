@@ -22,23 +22,8 @@ _Popen = _stdlib_subprocess.Popen
 
 def _session_members(sid: int) -> list[tuple[int, int, int, bytes]]:
     """``(pid, ppid, pgrp, state)`` of every process in session ``sid`` (from /proc)."""
-    members = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-            fields = data[data.rindex(b")") + 2:].split()
-            if int(fields[3]) == sid:
-                members.append((int(name), int(fields[1]), int(fields[2]), fields[0]))
-        except (OSError, ValueError, IndexError):
-            continue
-    return members
+    return [(pid, ppid, pgrp, state) for pid, ppid, pgrp, s, state in _process_table()
+            if s == sid]
 
 
 def signal_tree(leader: int, sig: int, *, session: bool = True) -> None:
@@ -101,8 +86,8 @@ def become_subreaper() -> None:
         raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
 
 
-def _process_table() -> list[tuple[int, int, int, bytes]]:
-    """``(pid, ppid, sid, state)`` of every process (from /proc)."""
+def _process_table() -> list[tuple[int, int, int, int, bytes]]:
+    """``(pid, ppid, pgrp, sid, state)`` of every process (from /proc)."""
     table = []
     try:
         names = os.listdir("/proc")
@@ -115,7 +100,8 @@ def _process_table() -> list[tuple[int, int, int, bytes]]:
             with open(f"/proc/{name}/stat", "rb") as f:
                 data = f.read()
             fields = data[data.rindex(b")") + 2:].split()
-            table.append((int(name), int(fields[1]), int(fields[3]), fields[0]))
+            table.append((int(name), int(fields[1]), int(fields[2]), int(fields[3]),
+                          fields[0]))
         except (OSError, ValueError, IndexError):
             continue
     return table
@@ -130,14 +116,14 @@ def descendants(*, other_sessions: bool = False) -> list[tuple[int, int, bytes]]
     me = os.getpid()
     mine = os.getsid(0)
     table = _process_table()
-    by_parent: dict[int, list[tuple[int, int, int, bytes]]] = {}
+    by_parent: dict[int, list[tuple[int, int, int, int, bytes]]] = {}
     for entry in table:
         by_parent.setdefault(entry[1], []).append(entry)
     out: list[tuple[int, int, bytes]] = []
     todo = [(me, False)]
     while todo:
         parent, inside = todo.pop()
-        for pid, ppid, sid, state in by_parent.get(parent, ()):
+        for pid, ppid, _, sid, state in by_parent.get(parent, ()):
             taken = inside or not other_sessions or sid != mine
             if taken:
                 out.append((pid, ppid, state))
