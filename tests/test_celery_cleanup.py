@@ -245,9 +245,10 @@ def test_a_revoke_before_the_body_starts_stops_the_task_at_entry() -> None:
     from timeoutcore.contrib.celery import TERMINATED, _Running
 
     running = _Running()
+    assert running.add("task-0", thread_deadline(60)) is False  # nothing kept for it
     assert running.cancel("task-1", TERMINATED) is None  # no scope yet: kept
     scope = thread_deadline(60)
-    running.add("task-1", scope)
+    assert running.add("task-1", scope) is True  # applied: the caller stops it at entry
     with pytest.raises(DeadlineCancelled) as info:
         with scope:
             time.sleep(5)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional, TypeVar, Union
 
 from . import _validate
 from .policy import DeadlinePolicy
-from .scope import thread_deadline
+from .scope import checkpoint, thread_deadline
 
 T = TypeVar("T")
 Limits = Union[None, float, int, DeadlinePolicy, Mapping[str, Any]]
@@ -79,10 +79,15 @@ class _Running:
         scope = make()
         with self.lock:
             self.scopes.add(scope)
-            if self.cancelling is not None:
-                scope.cancel(self.cancelling)  # before entry: it stops at entry
+            late = self.cancelling is not None
+            if late:
+                scope.cancel(self.cancelling)
         try:
             with scope:
+                if late:
+                    # Started after the cancel: it never runs. (The scope alone would
+                    # stop it "soon", at the watchdog's next pass, racing a quick task.)
+                    checkpoint()
                 return fn(*args, **kwargs)
         finally:
             with self.lock:
@@ -185,8 +190,9 @@ class DeadlineExecutor(ThreadPoolExecutor):
         and, with ``timeoutcore.patch()``, the processes it started are killed and reaped.
         Queued tasks that had not started run unless ``cancel_futures`` (as in the base
         class); with ``cancel_after`` they too are cancelled if they start in the grace
-        period and are still running at its end, and those that start later are cancelled
-        at once. ``wait=False`` returns at once and cancels from a helper thread."""
+        period and are still running at its end, and those that start later never run
+        (``DeadlineCancelled`` in their futures). ``wait=False`` returns at once and
+        cancels from a helper thread."""
         if cancel_after is None:
             super().shutdown(wait=wait, cancel_futures=cancel_futures)
             return

@@ -69,7 +69,7 @@ from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded, TimeLimitEx
 from .. import _validate
 from ..errors import DeadlineCancelled, DeadlineExceeded
 from ..executor import NO_LIMIT
-from ..scope import thread_deadline
+from ..scope import checkpoint, thread_deadline
 from . import _celery_child
 
 __all__ = ["TimeLimitStep", "install", "is_enforcing"]
@@ -126,15 +126,18 @@ class _Running:
         # accept and the body's start): reason by task id
         self.early: dict[str, str] = {}
 
-    def add(self, task_id: Optional[str], scope: Any) -> None:
+    def add(self, task_id: Optional[str], scope: Any) -> bool:
         """Register the task's scope (before it is entered); a cancel that came early is
-        applied to it now, so the task stops at entry."""
-        if task_id:
-            with self.lock:
-                self.scopes[task_id] = scope
-                reason = self.early.pop(task_id, None)
-            if reason is not None:
-                scope.cancel(reason)
+        applied to it now. True then: the caller stops the task at entry."""
+        if not task_id:
+            return False
+        with self.lock:
+            self.scopes[task_id] = scope
+            reason = self.early.pop(task_id, None)
+        if reason is None:
+            return False
+        scope.cancel(reason)
+        return True
 
     def cancel(self, task_id: str, reason: str) -> Any:
         """The scope of a running task, or None after noting an early cancel for it."""
@@ -267,11 +270,13 @@ def _run_limited(task: Any, run: Callable[..., Any], limits: _Limits,
         # only tasks with a hard limit: it bounds the key's life in Redis
         extras = options.registry.scope_options(task_id, **extras)
     scope = thread_deadline(hard, **extras)
-    running.add(task_id, scope)
+    revoked_early = running.add(task_id, scope)
     _pending.inside = True
     previous = _celery_child.begin(scope) if options.prefork_child else None
     try:
         with scope:  # no frame of this package between it and the body (protected code)
+            if revoked_early:
+                checkpoint()  # the body never starts (the scope alone stops it soon after)
             return run(*args, **kwargs)
     except DeadlineCancelled as exc:
         if exc.scope is not scope:
