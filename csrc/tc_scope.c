@@ -267,9 +267,14 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
     Py_INCREF(self);
     s->top = self;
     if (sc->deadline <= now && atomic_load(&s->shield) == 0) {
-        /* Already past: the watchdog fires at once (raising here would
-         * escape: the with statement has not started its block yet). */
+        /* Already past (cancelled before entry, a deadline in the past): fire
+         * now, as the watchdog would.  Raising here would escape (the with
+         * statement has not started its block yet), so the interrupt goes
+         * pending: it is raised at the block's first safe line boundary, or
+         * claimed at its exit.  Left to the watchdog's next pass, a body that
+         * ends first would end normally. */
         slot_publish(s);
+        (void)slot_fire(s, now, 0);
     }
     else if (sc->deadline < atomic_load(&s->deadline) || s->top == self) {
         atomic_store(&s->deadline, sc->deadline < atomic_load(&s->deadline)

@@ -123,6 +123,9 @@ static void slot_inject(tc_slot *s, PyObject *exc, PyObject *scope)
 {
     if (!deliver_async(s, exc, scope))
         return; /* its thread is gone */
+    if (s == t_slot)
+        return; /* the owner thread (a scope entered past its deadline): it runs,
+                 * there is no wait to wake or call to knock loose */
 #if TC_FREE_THREADED
     if (t_arm_due == s) {
         t_kick_due = 1; /* core_after: arm the hook, then wake and kick (tc_lock.h) */
@@ -168,7 +171,8 @@ static int slot_fire(tc_slot *s, int64_t now, int local)
     if (local)
         slot_raise_here(s);
     else {
-        atomic_store(&s->fast_until, now + TC_FAST_HOLD_NS); /* tc_watchdog.c */
+        if (s != t_slot) /* another thread delivers: it will want the GIL soon */
+            atomic_store(&s->fast_until, now + TC_FAST_HOLD_NS); /* tc_watchdog.c */
         slot_inject(s, g_interrupt, s->fired);
     }
     return 1;

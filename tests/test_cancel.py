@@ -53,6 +53,36 @@ def test_cancel_before_entry_stops_at_entry(api: Any) -> None:
             ran.append(1)
             spin_forever()
     assert status_of(scope) == "cancelled"
+    if api.name != "fallback":  # the native core raises at the block's first line
+        assert ran == []
+
+
+@pytest.mark.parametrize("body", ["pass", "append"])
+def test_a_block_entered_past_its_deadline_always_ends_exceeded(api: Any, body: str) -> None:
+    """Cancelled before entry, or a deadline already past: the block ends with the
+    exception however quick it is (it used to be left to the watchdog's next pass, so
+    a quick block ended normally, 500 times out of 500). The native core stops it
+    before its first line; the fallback engine raises at the exit at the latest."""
+    ran: list[int] = []
+
+    def block(scope: Any) -> None:
+        with scope:
+            if body == "append":
+                ran.append(1)
+
+    for _ in range(50):
+        cancelled = api.thread_deadline(30)
+        cancelled.cancel("why")
+        with pytest.raises(DeadlineCancelled) as info:
+            block(cancelled)
+        assert info.value.reason == "why" and status_of(cancelled) == "cancelled"
+        past = api.thread_deadline_at(time.monotonic() - 1.0)
+        with pytest.raises(DeadlineExceeded) as plain:
+            block(past)
+        assert type(plain.value) is DeadlineExceeded and status_of(past) == "timed_out"
+    if api.name != "fallback":
+        assert ran == []
+    assert api.current_scope() is None
 
 
 def test_cancel_after_exit_or_expiry_changes_nothing(api: Any) -> None:

@@ -118,7 +118,8 @@ class _Watchdog:
             self.thread = threading.Thread(target=self.run, name="timeoutcore-watchdog", daemon=True)
             self.thread.start()
 
-    def fire(self, st: _ThreadState, now: float, local: bool) -> bool:
+    def mark_fired(self, st: _ThreadState, now: float) -> bool:
+        """Mark the outermost due scope fired (lock held); False if none is, or shielded."""
         due = st.due(now)
         if due is None or st.shield:
             return False
@@ -128,6 +129,11 @@ class _Watchdog:
             due._fired_at = now
         st.step = 0.002
         st.reinject_at = now + st.step
+        return True
+
+    def fire(self, st: _ThreadState, now: float, local: bool) -> bool:
+        if not self.mark_fired(st, now):
+            return False
         if local:
             raise _DeadlineInterrupt
         _inject(st.ident, _DeadlineInterrupt)
@@ -263,6 +269,13 @@ class Scope:
         with _wd.lock:
             self._state = 1
             st.stack.append(self)
+            if self._deadline <= now:
+                # Already past (cancelled before entry): fired now, so that the block
+                # ends DeadlineExceeded at its exit however quick it is. The watchdog
+                # raises into it only a step later (mark_fired): an async exception
+                # raised at once could land in this __enter__, before the with block
+                # starts, and escape it.
+                _wd.mark_fired(st, now)
             if self._deadline != _NEVER:
                 _wd.lock.notify()
         return self
