@@ -164,6 +164,38 @@ static int stack_protected(PyFrameObject *cur, Scope *sc, PyObject **where)
 static int deliver_here(tc_slot *s, int back_edge, int async_self);
 static void deliver_pending(tc_slot *s, int async_self);
 static void deliver_pending_here(tc_slot *s);
+static int slot_fire(tc_slot *s, int64_t now, int local); /* tc_slot.c */
+
+/* -- Pre-armed slots ----------------------------------------------------------
+ * The watchdog may arm the hook shortly before a deadline (wd_prearm,
+ * tc_watchdog.c) instead of waiting to act at the deadline itself: with a
+ * GIL it has taken the GIL ahead of the deadline anyway (anticipation) and
+ * used to hold it up to the deadline, which stalled the whole process and
+ * left the guarded thread asleep, to be woken by the GIL hand-off (~0.1 ms
+ * on this machine class, then a cold cache); free-threaded, arming stops
+ * the world, which on a busy machine takes milliseconds.  Pre-armed, the
+ * guarded thread, while it runs Python, fires its own deadline at its first
+ * line boundary past it (the same slot_fire as the watchdog's, then the
+ * same safe-point checks, deliver_here), and nothing waits for another
+ * thread.  The watchdog still fires the slot TC_PREARM_GRACE_NS after the
+ * deadline if the thread has not (blocked in C, or not scheduled), with
+ * its kick.  Whoever is first fires (the state moves to INJECTED under the
+ * GIL / core lock); the other finds nothing to do. */
+
+/* The hook's test, any thread, no lock: pre-armed and due? */
+static inline int prearm_due(tc_slot *s)
+{
+    return atomic_load(&s->prearmed) && atomic_load(&s->shield) == 0 &&
+           atomic_load(&s->deadline) <= now_ns();
+}
+
+/* Owner thread, GIL / core lock: fire a pre-armed, due slot here. */
+static void prearm_fire(tc_slot *s)
+{
+    if (s->pending == NULL && atomic_load(&s->prearmed) &&
+        atomic_load(&s->state) == SLOT_ARMED && slot_fire(s, now_ns(), 0))
+        STAT_INC(self_fires); /* pending here: no kick, no fast window */
+}
 
 #if TC_HOOK_TRACE
 /* 3.11's stale async-exception flag.  3.11 keeps one interpreter-wide
@@ -247,6 +279,8 @@ static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg
     }
     if (s->prev_trace != NULL && s->prev_trace(s->prev_traceobj, frame, what, arg) != 0)
         return -1; /* the thread's own tracer raised */
+    if (what == PyTrace_LINE && s->pending == NULL && prearm_due(s))
+        prearm_fire(s);
     if (what == PyTrace_LINE && s->pending != NULL)
         return deliver_here(s, 0, 0);
     return 0;
@@ -485,9 +519,11 @@ static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     (void)nargs;
     /* Every thread calls this while any delivery is pending: the test of
      * its own slot needs no lock. */
-    if (s == NULL || !atomic_load(&s->pending_any) || hook_core_busy(s))
+    if (s == NULL || (!atomic_load(&s->pending_any) && !prearm_due(s)) || hook_core_busy(s))
         Py_RETURN_NONE;
     TC_CORE_BEGIN();
+    if (s->pending == NULL)
+        prearm_fire(s);
     if (s->pending != NULL)
         r = deliver_here(s, 0, 0);
     TC_CORE_END();
@@ -503,7 +539,7 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     tc_slot *s = t_slot;
     int r = 0;
     (void)m;
-    if (s == NULL || !atomic_load(&s->pending_any) || nargs < 3)
+    if (s == NULL || (!atomic_load(&s->pending_any) && !prearm_due(s)) || nargs < 3)
         Py_RETURN_NONE;
     long from = PyLong_AsLong(args[1]), to = PyLong_AsLong(args[2]);
     if (PyErr_Occurred()) {
@@ -519,6 +555,8 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
         if ((f != NULL && to != from && tc_uncovered_no_raise(f, (int)to)) || hook_core_busy(s))
             Py_RETURN_NONE;
         TC_CORE_BEGIN();
+        if (s->pending == NULL)
+            prearm_fire(s);
         if (s->pending != NULL)
             r = deliver_here(s, to == from, TC_JUMP_RAISE_BROKEN);
         TC_CORE_END();
@@ -797,6 +835,7 @@ static void deliver_backstop(tc_slot *s)
 static int64_t deliver_cancel(tc_slot *s)
 {
     int64_t deferred = s->deferred_since != 0 ? now_ns() - s->deferred_since : 0;
+    atomic_store(&s->prearmed, 0);
     if (s->pending != NULL || s->hooked) {
         Py_CLEAR(s->pending);
         s->pending_scope = NULL;

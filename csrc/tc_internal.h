@@ -45,7 +45,17 @@
 #define TC_SWITCH_DEFAULT_NS 5000000LL      /* CPython's default 5 ms        */
 #define TC_LEAD_MARGIN_NS 1000000LL         /* lead = switch + 1 ms          */
 #define TC_FAST_SWITCH_US 200UL             /* the fast window's interval    */
-#define TC_LEAD_MARGIN_FAST_NS 300000LL     /* with it: lead = 200 + 300 us  */
+/* With it: lead = 200 us + the margin.  Where the watchdog pre-arms
+ * (TC_PREARM, below) it takes the GIL only for a moment, so the lead can be
+ * generous: a watchdog woken late or kept waiting for the GIL (measured: a
+ * sixth of the trials with 300 us, on 2 loaded cores) still pre-arms in
+ * time.  Where it holds the GIL up to the deadline, the margin is a stall
+ * of the whole process, kept short. */
+#if TC_HOOK_TRACE
+#define TC_LEAD_MARGIN_FAST_NS 800000LL
+#else
+#define TC_LEAD_MARGIN_FAST_NS 300000LL
+#endif
 /* How long after a fire the fast window stays open for an interrupt that has
  * not been claimed: a delivery takes well under a millisecond once the
  * thread runs; one that waits longer is deferred in protected code or
@@ -59,6 +69,32 @@
  * TC_REQUEUE_EARLY_NS before the deadline. */
 #define TC_REQUEUE_MIN_LEFT_NS 300000LL
 #define TC_REQUEUE_EARLY_NS 200000LL
+
+/* Pre-arming (tc_watchdog.c: wd_prearm; tc_deliver.c: pre-armed slots) is
+ * used where the armed hook costs only the guarded thread -- 3.11's
+ * per-thread tracer -- and free-threaded, where arming stops the world.
+ * 3.12+ with a GIL: sys.monitoring events are interpreter-wide, so every
+ * thread would run instrumented code and call the hook at each line from
+ * the pre-arm to the deadline; measured with 4 CPU-bound workers and a
+ * deadline firing every 4th task: 0.64x the pool's throughput without
+ * deadlines, against 0.71x when the watchdog holds the GIL up to the
+ * deadline instead.  There it does the latter. */
+#define TC_PREARM (TC_HOOK_TRACE || TC_FREE_THREADED)
+/* The watchdog fires a pre-armed
+ * slot itself only this long after its deadline: a thread that runs Python
+ * has fired itself by then; one that does not (blocked in C, or waiting for
+ * a CPU) gets the watchdog's fire and kick. */
+#define TC_PREARM_GRACE_NS 100000LL
+/* Free-threaded: how long before a deadline the watchdog arms the hook.
+ * Arming switches sys.monitoring events on, which stops the world; on a busy
+ * machine a stop waits until every running thread has been scheduled (2-6
+ * ms measured with 3 spinning threads on 2 cores), so it must be over by the
+ * deadline.  (With a GIL the lead is the GIL anticipation's.) */
+#if TC_FREE_THREADED
+#define TC_PREARM_LEAD_NS 10000000LL
+#else
+#define TC_PREARM_LEAD_NS 0LL
+#endif
 
 /* Argument bounds in seconds; the pure-Python engine checks the same. */
 #define TC_MAX_SECONDS 3.0e8
@@ -132,6 +168,12 @@ typedef struct tc_slot {
                                       stack while set)                     */
     _Atomic int hooked;            /* the delivery hook is armed for it
                                       (written under g_arm_mu, tc_lock.h)  */
+    _Atomic int prearmed;          /* the watchdog armed the hook ahead of
+                                      the deadline: the owner fires itself
+                                      at its first line boundary past
+                                      `deadline` (set by wd_prearm; cleared
+                                      by any fire, by the owner's exit and
+                                      by deliver_cancel)                   */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
     int hook_skips;                /* owner thread: hook_core_busy's count */
     int64_t deferred_since;        /* first time the hook found protected
@@ -202,7 +244,7 @@ static PyObject *g_shield_type;
 static struct {
     _Atomic uint64_t slots_live, timers_live, fires, reinjections, kicks, signals_seen,
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
-        hook_calls, backstops, async_fallbacks, fast_windows, fast_ns;
+        hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

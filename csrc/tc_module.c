@@ -658,6 +658,14 @@ void tc_get_stats(struct tc_stats *o)
     o->async_fallbacks = atomic_load(&g_st.async_fallbacks);
     o->fast_windows = atomic_load(&g_st.fast_windows);
     o->fast_ns = atomic_load(&g_st.fast_ns);
+    o->prearms = atomic_load(&g_st.prearms);
+    o->self_fires = atomic_load(&g_st.self_fires);
+    o->hooked_now = 0;
+    pthread_mutex_lock(&g_mu);
+    for (tc_slot *s = g_slots; s != NULL; s = s->next)
+        if (atomic_load(&s->hooked))
+            o->hooked_now++;
+    pthread_mutex_unlock(&g_mu);
 }
 
 int tc_signal_number(void) { return g_signo; }

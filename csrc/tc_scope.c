@@ -374,6 +374,11 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     sc->slot = NULL;
     Py_CLEAR(sc->frame); /* no finalizer can run: the with statement holds it */
     sc->iframe = NULL;
+    if (atomic_load(&s->prearmed) && s->pending == NULL) {
+        /* ended before its deadline, or before the thread fired it: what
+         * the watchdog armed ahead goes (tc_deliver.c: pre-armed slots) */
+        (void)deliver_cancel(s);
+    }
     if (s->fired == self) {
         claimed = 1;
         slot_claim(s);

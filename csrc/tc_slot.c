@@ -159,6 +159,7 @@ static int slot_fire(tc_slot *s, int64_t now, int local)
     PyObject *due = stack_due(s->top, now);
     if (due == NULL || atomic_load(&s->shield) > 0)
         return 0;
+    atomic_store(&s->prearmed, 0); /* fired: the hook stays armed for the delivery */
     if (s->fired == NULL) {
         s->fired = due;
         as_scope(due)->expired = 1;

@@ -36,10 +36,11 @@ static void wd_wake(void)
 }
 
 /* A slot's deadline may have moved earlier: wake the watchdog if it means to
- * sleep past the moment it must ask for the GIL. */
+ * sleep past the moment it must ask for the GIL (free-threaded: pre-arm). */
 static void wd_notify(int64_t deadline)
 {
-    if (deadline != TC_NEVER && deadline - atomic_load(&g_lead) < atomic_load(&g_wd_planned))
+    if (deadline != TC_NEVER &&
+        deadline - atomic_load(&g_lead) - TC_PREARM_LEAD_NS < atomic_load(&g_wd_planned))
         wd_wake();
 }
 
@@ -58,7 +59,8 @@ static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadl
     *st_out = st;
     *deadline_out = d;
     if (st == SLOT_ARMED && d != TC_NEVER)
-        return d - lead;
+        return atomic_load(&s->prearmed) ? d + TC_PREARM_GRACE_NS /* wd_prearm */
+                                         : d - lead - TC_PREARM_LEAD_NS;
     if (st == SLOT_INJECTED)
         return atomic_load(&s->reinject_at);
     return TC_NEVER;
@@ -79,6 +81,11 @@ static wd_event wd_plan(int64_t *fast_until)
         if (!s->alive)
             continue;
         if (atomic_load(&s->state) == SLOT_INJECTED && (fu = atomic_load(&s->fast_until)) > *fast_until)
+            *fast_until = fu;
+        /* pre-armed: the thread must get the GIL soon after its deadline (if
+         * it has not fired by the grace's end, the watchdog's fire takes over) */
+        if (atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->prearmed) &&
+            (fu = atomic_load(&s->deadline) + TC_PREARM_GRACE_NS) > *fast_until)
             *fast_until = fu;
         if (atomic_load(&s->shield) > 0)
             continue;
@@ -270,6 +277,38 @@ static void gil_take(PyThreadState *ts)
     STAT_INC(gil_takes);
 }
 
+/* Ahead of slot `s`'s deadline (GIL held / attached, holding no lock of
+ * ours): arm the hook so that the thread fires its deadline itself
+ * (tc_deliver.c: pre-armed slots).  Returns 1 if armed.  Arming runs
+ * Python (3.11: audit hooks; 3.12+: sys.monitoring) and, free-threaded,
+ * lets the core lock go: the slot is checked again after, and if its scope
+ * ended meanwhile (the exit saw the flag and cleared it) the arm is undone. */
+static int wd_prearm(tc_slot *s, uint64_t gen)
+{
+    int ok = 0;
+    if (!TC_PREARM || g_hook_mode == HOOK_NONE)
+        return 0;
+    TC_CORE_BEGIN();
+    if (s->alive && atomic_load(&s->gen) == gen && atomic_load(&s->state) == SLOT_ARMED &&
+        atomic_load(&s->shield) == 0 && s->pending == NULL && !atomic_load(&s->prearmed) &&
+        atomic_load(&s->deadline) != TC_NEVER) {
+        PyThreadState *t = slot_tstate(s);
+        if (TC_FREE_THREADED || t != NULL) {
+            atomic_store(&s->prearmed, 1); /* first: an exit meanwhile undoes it */
+            if (hook_arm(s, t) < 0)
+                atomic_store(&s->prearmed, 0);
+            else if (!atomic_load(&s->prearmed) && s->pending == NULL)
+                hook_disarm(s, slot_tstate(s)); /* the scope ended while arming */
+            else
+                ok = 1;
+        }
+    }
+    TC_CORE_END();
+    if (ok)
+        STAT_INC(prearms);
+    return ok;
+}
+
 static void *wd_main(void *arg)
 {
     (void)arg;
@@ -330,6 +369,17 @@ static void *wd_main(void *arg)
             break;
         }
         int64_t t1 = now_ns();
+        if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
+            /* Early: pre-arm, and let the thread run on to fire its deadline
+             * itself (tc_deliver.c: pre-armed slots). */
+            if (wd_prearm(ev.slot, ev.gen)) {
+                refresh_switch_interval();
+                ts = PyEval_SaveThread();
+                continue;
+            }
+        }
+        /* No hook to pre-arm (or the slot changed): with a GIL, act at the
+         * deadline itself, holding the GIL up to it. */
         if (!TC_FREE_THREADED && ev.deadline != TC_NEVER && ev.deadline > t1 &&
             atomic_load(&ev.slot->gen) == ev.gen) {
             if (t1 - t0 < atomic_load(&g_switch) / 2 && ev.deadline - t1 > TC_REQUEUE_MIN_LEFT_NS) {

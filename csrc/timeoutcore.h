@@ -129,6 +129,9 @@ struct tc_stats {
     uint64_t async_fallbacks;  /* raised asynchronously without a hook      */
     uint64_t fast_windows;     /* times the switch interval was lowered     */
     uint64_t fast_ns;          /* ... and the time it stayed lowered (ns)   */
+    uint64_t prearms;          /* hooks armed ahead of a deadline           */
+    uint64_t self_fires;       /* deadlines a pre-armed thread fired itself */
+    uint64_t hooked_now;       /* threads whose delivery hook is armed now  */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FREE_THREADED
+from conftest import FREE_THREADED, LATE, burn
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded
@@ -25,11 +25,19 @@ def _core():  # type: ignore[no-untyped-def]
 with_gil = pytest.mark.skipif(FREE_THREADED, reason="no GIL: no switch interval to lower")
 
 
+#: Where the watchdog pre-arms the hook ahead of a deadline (csrc/tc_internal.h:
+#: TC_PREARM): 3.11's per-thread tracer, and free-threaded builds.
+PREARMS = sys.version_info < (3, 12) or FREE_THREADED
+#: ... and how early: the GIL anticipation's lead (3.11), or 10 ms (free-threaded).
+PREARM_LEAD = 0.010 if FREE_THREADED else 200e-6 + 800e-6
+
+
 def _expected_anticipation() -> tuple[float, float]:
     if FREE_THREADED:  # nothing to wait for: the watchdog acts at the deadline itself
         return 0.0, 0.0
     interval = sys.getswitchinterval()
-    return min(interval, 200e-6) + 300e-6, min(interval, 200e-6)
+    margin = 800e-6 if PREARMS else 300e-6  # it takes the GIL only for a moment there
+    return min(interval, 200e-6) + margin, min(interval, 200e-6)
 
 
 def test_anticipation_follows_the_switch_interval() -> None:
@@ -227,3 +235,55 @@ def test_a_child_forked_inside_the_window_gets_the_users_interval(tmp_path: Path
     opened, child = (float(x) for x in p.stdout.split())
     assert opened == pytest.approx(200e-6)  # the window was open in the parent
     assert child == pytest.approx(0.005)  # the watchdog closed it before the fork
+
+
+def _stats() -> dict[str, int]:
+    from timeoutcore import _native
+
+    return _native.stats()
+
+
+@pytest.mark.skipif(not PREARMS, reason="3.12+ with a GIL: the watchdog holds the GIL "
+                    "up to the deadline instead (events are interpreter-wide there)")
+def test_a_prearmed_thread_fires_its_own_deadline() -> None:
+    """Ahead of the deadline the watchdog arms the hook and lets the thread run on; the
+    thread fires the deadline itself at its first line past it, waiting neither for the
+    watchdog nor for the GIL. (A watchdog late on a loaded machine fires the usual way;
+    one trial in twenty that fires itself shows the path works.)"""
+    before = _stats()
+    for _ in range(20):
+        scope = timeoutcore.thread_deadline(0.03)
+        with pytest.raises(DeadlineExceeded):
+            with scope:
+                burn(5)
+        assert scope.overshoot is not None and scope.overshoot < LATE
+    after = _stats()
+    assert after["prearms"] > before["prearms"]
+    assert after["self_fires"] > before["self_fires"], (before, after)
+    assert after["hooked_now"] == 0
+
+
+def test_a_block_that_ends_after_the_prearm_leaves_no_hook_armed() -> None:
+    """A block that ends between the pre-arm and its deadline takes the armed hook back
+    at its exit (it would otherwise slow the thread, and on 3.12+ every thread, from then
+    on): no thread keeps a hook armed, and nothing fires."""
+    before = _stats()
+    ended_early = 0
+    for _ in range(30):
+        scope = timeoutcore.thread_deadline(0.03)
+        try:
+            with scope:
+                _spin_until(scope.when() - PREARM_LEAD / 4)
+            ended_early += 1
+        except DeadlineExceeded:  # descheduled at the wrong moment: it overran
+            pass
+    after = _stats()
+    assert ended_early >= 20
+    if PREARMS:
+        assert after["prearms"] > before["prearms"], (before, after)
+    assert after["hooked_now"] == 0
+
+
+def _spin_until(t: float) -> None:
+    while time.monotonic() < t:
+        pass
