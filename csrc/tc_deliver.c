@@ -46,6 +46,8 @@ enum { HOOK_NONE = 0, HOOK_TRACE = 1, HOOK_MONITORING = 2 };
 
 static int g_hook_mode = HOOK_NONE;  /* set by _setup_delivery              */
 static PyObject *g_prot_names;       /* tuple of str: protected modules     */
+static PyObject *g_exempt_names;     /* tuple of str: modules under those that
+                                        are not (the more specific wins)    */
 static PyObject *g_prot_codes;       /* set of code objects, or NULL        */
 static Py_ssize_t g_extra = -1;      /* co_extra index of the verdict cache */
 static uintptr_t g_prot_gen = 1;     /* bumped when the protected set changes */
@@ -55,19 +57,29 @@ static int64_t g_defer_cap_ns;       /* ... when deferred longer than this  */
 
 /* -- Protected code ---------------------------------------------------------- */
 
-static int name_protected(PyObject *name)
+/* Length of the longest entry of `names` that is `name` or a package of it,
+ * or -1. */
+static Py_ssize_t longest_match(PyObject *names, PyObject *name)
 {
-    Py_ssize_t n = g_prot_names != NULL ? PyTuple_GET_SIZE(g_prot_names) : 0;
-    Py_ssize_t ln = PyUnicode_GET_LENGTH(name);
+    Py_ssize_t n = names != NULL ? PyTuple_GET_SIZE(names) : 0;
+    Py_ssize_t ln = PyUnicode_GET_LENGTH(name), best = -1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *p = PyTuple_GET_ITEM(g_prot_names, i);
+        PyObject *p = PyTuple_GET_ITEM(names, i);
         Py_ssize_t lp = PyUnicode_GET_LENGTH(p);
-        if (ln < lp || PyUnicode_Tailmatch(name, p, 0, lp, -1) != 1)
+        if (lp <= best || ln < lp || PyUnicode_Tailmatch(name, p, 0, lp, -1) != 1)
             continue;
         if (ln == lp || PyUnicode_READ_CHAR(name, lp) == '.')
-            return 1;
+            best = lp;
     }
-    return 0;
+    return best;
+}
+
+/* Module `name` is protected: a protected entry covers it, and no exempt
+ * entry more specific than that one. */
+static int name_protected(PyObject *name)
+{
+    Py_ssize_t prot = longest_match(g_prot_names, name);
+    return prot >= 0 && longest_match(g_exempt_names, name) <= prot;
 }
 
 /* Does frame `f` run protected code?  The verdict is cached on the code

@@ -378,25 +378,37 @@ static PyObject *mod_setup_delivery_locked(PyObject *m, PyObject *unused)
 }
 TC_LOCKED_2(PyObject *, mod_setup_delivery, PyObject *, PyObject *)
 
-/* _set_protection(names, codes): protected modules (a tuple of str: each a
- * module, its submodules included) and code objects (a set, or None). */
+static int all_str(PyObject *tuple)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++)
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(tuple, i))) {
+            PyErr_SetString(PyExc_TypeError, "_set_protection(): module names must be str");
+            return 0;
+        }
+    return 1;
+}
+
+/* _set_protection(names, codes, exempt=()): protected modules (a tuple of
+ * str: each a module, its submodules included), code objects (a set, or
+ * None), and modules under a protected one that are not (tuple of str; the
+ * more specific entry wins). */
 static PyObject *mod_set_protection_locked(PyObject *m, PyObject *args)
 {
-    PyObject *names, *codes;
+    PyObject *names, *codes, *exempt = NULL;
     (void)m;
-    if (!PyArg_ParseTuple(args, "O!O:_set_protection", &PyTuple_Type, &names, &codes))
+    if (!PyArg_ParseTuple(args, "O!O|O!:_set_protection", &PyTuple_Type, &names, &codes,
+                          &PyTuple_Type, &exempt))
         return NULL;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++)
-        if (!PyUnicode_Check(PyTuple_GET_ITEM(names, i))) {
-            PyErr_SetString(PyExc_TypeError, "_set_protection(): names must be str");
-            return NULL;
-        }
+    if (!all_str(names) || (exempt != NULL && !all_str(exempt)))
+        return NULL;
     if (codes != Py_None && !PyAnySet_Check(codes)) {
         PyErr_SetString(PyExc_TypeError, "_set_protection(): codes must be a set or None");
         return NULL;
     }
     Py_INCREF(names);
     Py_XSETREF(g_prot_names, names);
+    Py_XINCREF(exempt);
+    Py_XSETREF(g_exempt_names, exempt);
     if (codes == Py_None)
         Py_CLEAR(g_prot_codes);
     else {
@@ -524,7 +536,7 @@ static PyMethodDef mod_methods[] = {
     {"_setup_delivery", mod_setup_delivery, METH_NOARGS,
      "Arm the safe-delivery hook; returns 'trace' or 'monitoring'."},
     {"_set_protection", mod_set_protection, METH_VARARGS,
-     "Protected modules (tuple of str) and code objects (set or None)."},
+     "Protected modules (tuple of str), code objects (set or None), exempt modules."},
     {"_set_deferral_report", mod_set_deferral_report, METH_VARARGS,
      "report(scope) at exit when its interrupt waited > cap s for protected code."},
     {"_delivery_mode", mod_delivery_mode, METH_NOARGS,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import FREE_THREADED
+from conftest import FREE_THREADED, LATE, burn
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded
@@ -185,6 +185,51 @@ def test_user_protected_function_defers() -> None:
     assert finished == [True]
     assert scope.deferred > 0.02
     assert "critical" in scope.deferred_where
+
+
+def _function_of_module(module: str, name: str) -> Callable[[float], None]:
+    """A function whose code runs under ``__name__ == module`` (what protection goes by)."""
+    namespace: dict[str, Any] = {"__name__": module, "time": time}
+    exec(f"def {name}(seconds):\n"  # noqa: S102 - test code, no input
+         "    end = time.perf_counter() + seconds\n"
+         "    while time.perf_counter() < end:\n"
+         "        pass\n", namespace)
+    fn: Callable[[float], None] = namespace[name]
+    return fn
+
+
+def test_a_module_exempt_under_a_protected_package_is_interrupted() -> None:
+    """``unprotect_module`` of a module under a protected package exempts it (the more
+    specific name wins): its code is stopped at the deadline, the package's is waited for.
+    The command line's demo is such a module by default: its workloads stand for user code
+    (with the whole package protected, the demo's CPU task overran its limit by 750 ms)."""
+    assert timeoutcore.is_protected_module("timeoutcore.scope")
+    assert not timeoutcore.is_protected_module("timeoutcore.cli")
+    core = _function_of_module("tc_test_pkg.core", "core_work")
+    jobs = _function_of_module("tc_test_pkg.jobs.nightly", "job_work")
+    timeoutcore.protect_module("tc_test_pkg")
+    try:
+        timeoutcore.unprotect_module("tc_test_pkg.jobs")
+        assert timeoutcore.is_protected_module("tc_test_pkg.core")
+        assert not timeoutcore.is_protected_module("tc_test_pkg.jobs.nightly")
+        held = timeoutcore.thread_deadline(0.02)
+        with pytest.raises(DeadlineExceeded):
+            with held:
+                core(0.15)  # protected: the interrupt waits for it to return
+                burn(5)
+        assert held.deferred is not None and held.deferred > 0.05
+        free = timeoutcore.thread_deadline(0.02)
+        with pytest.raises(DeadlineExceeded):
+            with free:
+                jobs(5)
+        assert free.overshoot is not None and free.overshoot < LATE and not free.deferred
+        timeoutcore.protect_module("tc_test_pkg.jobs")  # protected again: no exemption
+        assert timeoutcore.is_protected_module("tc_test_pkg.jobs.nightly")
+    finally:
+        timeoutcore.unprotect_module("tc_test_pkg.jobs")
+        timeoutcore.unprotect_module("tc_test_pkg")
+    assert not timeoutcore.is_protected_module("tc_test_pkg.jobs")
+    assert "tc_test_pkg" not in timeoutcore.protected_modules()
 
 
 def test_contended_with_lock_in_user_code_leaks_nothing() -> None:

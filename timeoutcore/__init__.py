@@ -20,7 +20,13 @@ from .blocking import acquire, bounded_wait, socket_timeout, wait_readable, wait
 from .errors import DeadlineCancelled, DeadlineExceeded, SoftDeadlineExceeded
 from .patch import is_patched, patch, patched_targets, unpatch
 from ._deferral import deferral_log_cap, set_deferral_log_cap
-from .protect import protect_module, protected, protected_modules, unprotect_module
+from .protect import (
+    is_protected_module,
+    protect_module,
+    protected,
+    protected_modules,
+    unprotect_module,
+)
 from .scope import (
     DeadlineScope,
     checkpoint,
@@ -142,6 +148,7 @@ __all__ = [
     "handle_sigterm",
     "interrupt_with",
     "is_patched",
+    "is_protected_module",
     "metrics",
     "patch",
     "patched_targets",

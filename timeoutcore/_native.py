@@ -97,8 +97,9 @@ def bench_timer_pair(n: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def _set_protection(names: tuple[str, ...], codes: "set[CodeType] | None") -> None:
-    core._set_protection(names, codes)
+def _set_protection(names: tuple[str, ...], codes: "set[CodeType] | None",
+                    exempt: tuple[str, ...] = ()) -> None:
+    core._set_protection(names, codes, exempt)
 
 
 # Safe delivery (csrc/tc_deliver.c): interrupts surface at a line boundary outside protected

@@ -37,7 +37,9 @@ What is protected by default, and why (a module counts with its submodules):
 * ``tempfile``: the lock around its name generator; ``sched``: the scheduler's lock;
   ``warnings``: the filters' state (locked from 3.13).
 * ``timeoutcore``: the library's own bookkeeping; its deadline-aware waits raise at their
-  own explicit points.
+  own explicit points. Except ``timeoutcore.cli``: the command line's demo workloads
+  stand for your code and must be stopped like it (they were held back to their end
+  while the whole package was protected: a 750 ms overshoot in the demo).
 
 Not protected: the I/O and networking modules (``socket``, ``ssl``, ``http``, ``urllib``,
 ``select``): interrupting a read or a request is the point, and a torn connection belongs
@@ -75,15 +77,24 @@ DEFAULT_PROTECTED: tuple[str, ...] = (
     "timeoutcore",
 )
 
+#: Modules under a protected one that are not protected (the more specific name wins).
+DEFAULT_EXEMPT: tuple[str, ...] = ("timeoutcore.cli",)
+
 F = TypeVar("F", bound=Callable[..., Any])
+_Apply = Callable[[tuple[str, ...], "set[types.CodeType] | None", tuple[str, ...]], None]
 
 _lock = threading.Lock()
 _modules: list[str] = list(DEFAULT_PROTECTED)
+_exempt: list[str] = list(DEFAULT_EXEMPT)
 _codes: set[types.CodeType] = set()
-_apply: Callable[[tuple[str, ...], "set[types.CodeType] | None"], None] | None = None
+_apply: _Apply | None = None
 
 
-def _install(apply: Callable[[tuple[str, ...], "set[types.CodeType] | None"], None]) -> None:
+def _covers(package: str, name: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _install(apply: _Apply) -> None:
     """Called by the engine that delivers safely, with its setter; applies the set now."""
     global _apply
     _apply = apply
@@ -92,7 +103,7 @@ def _install(apply: Callable[[tuple[str, ...], "set[types.CodeType] | None"], No
 
 def _push() -> None:
     if _apply is not None:
-        _apply(tuple(_modules), set(_codes) if _codes else None)
+        _apply(tuple(_modules), set(_codes) if _codes else None, tuple(_exempt))
 
 
 def protect_module(name: str) -> None:
@@ -102,23 +113,41 @@ def protect_module(name: str) -> None:
     if not isinstance(name, str) or not name or name.startswith(".") or name.endswith("."):
         raise ValueError(f"protect_module(): name must be a dotted module name, got {name!r}")
     with _lock:
+        if name in _exempt:
+            _exempt.remove(name)
         if name not in _modules:
             _modules.append(name)
-            _push()
+        _push()
 
 
 def unprotect_module(name: str) -> None:
-    """Undo :func:`protect_module` (also for a default; at your own risk)."""
+    """Undo :func:`protect_module` (also for a default; at your own risk). For a module
+    under a protected package (``unprotect_module("mypkg.jobs")`` while ``mypkg`` is
+    protected) it exempts that module and its submodules."""
     with _lock:
         if name in _modules:
             _modules.remove(name)
-            _push()
+        if any(_covers(p, name) for p in _modules) and name not in _exempt:
+            _exempt.append(name)
+        # an exemption under nothing protected any more is gone with it
+        _exempt[:] = [e for e in _exempt if any(_covers(p, e) for p in _modules)]
+        _push()
 
 
 def protected_modules() -> tuple[str, ...]:
-    """The module names protected now."""
+    """The module names protected now (each with its submodules, except those that
+    :func:`is_protected_module` says are exempt)."""
     with _lock:
         return tuple(_modules)
+
+
+def is_protected_module(name: str) -> bool:
+    """Whether code whose ``__name__`` is ``name`` counts as protected: a protected entry
+    covers it and no more specific exemption does (the rule the core applies)."""
+    with _lock:
+        prot = max((len(p) for p in _modules if _covers(p, name)), default=-1)
+        free = max((len(p) for p in _exempt if _covers(p, name)), default=-1)
+    return prot >= 0 and free <= prot
 
 
 def protected(fn: F) -> F:
