@@ -6,6 +6,9 @@ what the fast window (csrc/tc_watchdog.c) costs the pool.
   ``PyThreadState_SetAsyncExc`` recipe and the installed peers, in one session (the
   harness's contention cases; ``python -m timeoutcore bench`` shows the same rows).
   ``extra_info``: p50/p90/p99/max ms, and the core's counters for timeoutcore.
+- ``test_contention_floor``: the physical limit of the case above -- for random instants,
+  how long until a pool thread spinning next to 1, 3 or 7 others runs bytecode again (with a
+  GIL at the fast window's 200 us switch interval). No deadline can land sooner.
 - ``test_cpu_pool_under_deadlines``: loop turns per second of 4 CPU-bound workers without
   deadlines and with every task under one, every 4th firing half-way; runs alternated,
   ``extra_info['x_no_deadline']`` is the ratio of the medians.
@@ -70,3 +73,13 @@ def test_cpu_pool_under_deadlines(benchmark: BenchmarkFixture) -> None:
         note=f"{res['x_no_deadline']:.3f}x the turns/s without deadlines",
         **res,
     )
+
+
+@pytest.mark.parametrize("hogs", bench.HOGS_LEVELS, ids=[f"{h}-spinning" for h in bench.HOGS_LEVELS])
+def test_contention_floor(benchmark: BenchmarkFixture, hogs: int) -> None:
+    row = benchmark.pedantic(  # type: ignore[no-untyped-call]
+        bench.run_floor, args=(hogs,), rounds=1, iterations=1
+    )
+    benchmark.extra_info.update(case=f"floor: next run of a pool thread, {hogs} spinning",
+                                python=sys.version.split()[0], trials=row["samples"], **row)
+    assert row["off_cpu_spans"] > 0  # it shared 2 cores with spinning threads

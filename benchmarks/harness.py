@@ -960,6 +960,59 @@ def run_cpu_pool(plan: Plan, progress: Optional[Progress] = None) -> dict[str, A
     }
 
 
+FLOOR_RUN_S = 2.0  # the floor case: how long the probe thread runs per hog level ...
+FLOOR_SAMPLES = 4000  # ... and how many instants it is asked about
+FLOOR_GAP_S = 50e-6  # a pause longer than this between two turns: the thread was not running
+
+
+def _off_cpu_spans(seconds: float) -> list[tuple[float, float]]:
+    """Spin for ``seconds`` in Python; the spans in which this thread ran no bytecode."""
+    clock = time.monotonic
+    spans: list[tuple[float, float]] = []
+    end = clock() + seconds
+    last = clock()
+    while last < end:
+        t = clock()
+        if t - last > FLOOR_GAP_S:
+            spans.append((last, t))
+        last = t
+    return spans
+
+
+def run_floor(hogs: int, seconds: float = FLOOR_RUN_S, samples: int = FLOOR_SAMPLES,
+              seed: int = 1) -> dict[str, Any]:
+    """The physical limit of the contention case: a pool thread spins in Python next to
+    ``hogs`` spinning threads and records when it was off the CPU (descheduled, or waiting
+    for the GIL); for ``samples`` random instants, how long until it ran bytecode again
+    (0 when it was running). No deadline can land before that moment, so the contention
+    rows are read against this one. (With a GIL it depends on the switch interval, which
+    the fast window lowers to 200 us: the probe runs at 200 us there too.)"""
+    import bisect
+    import random
+
+    saved = sys.getswitchinterval()
+    gil = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
+    if gil:
+        sys.setswitchinterval(200e-6)
+    try:
+        with cpu_hogs(hogs), ThreadPoolExecutor(max_workers=1, thread_name_prefix="bench") as pool:
+            spans = pool.submit(_off_cpu_spans, seconds).result()
+    finally:
+        sys.setswitchinterval(saved)
+    rng = random.Random(seed)
+    starts = [s for s, _ in spans]
+    t0 = spans[0][0] if spans else 0.0
+    t1 = spans[-1][1] if spans else 0.0
+    waits = []
+    for _ in range(samples):
+        at = rng.uniform(t0, t1) if spans else 0.0
+        i = bisect.bisect_right(starts, at) - 1
+        inside = i >= 0 and spans[i][0] <= at < spans[i][1]
+        waits.append(round((spans[i][1] - at) * 1e3, 4) if inside else 0.0)
+    return {"hogs": hogs, "samples": samples, "off_cpu_spans": len(spans),
+            "switch_interval_s": 200e-6 if gil else None, **percentiles(waits)}
+
+
 def _settle_threads(timeout: float = 2.0) -> None:
     """Wait (briefly) for threads that are on their way out, e.g. cancelled timers."""
     end = _perf() + timeout
