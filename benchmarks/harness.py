@@ -39,6 +39,7 @@ the side-by-side tables, ``plot`` the overshoot distributions (needs matplotlib)
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import importlib
@@ -46,6 +47,7 @@ import itertools
 import math
 import os
 import platform
+import random
 import signal
 import statistics
 import sys
@@ -987,9 +989,6 @@ def run_floor(hogs: int, seconds: float = FLOOR_RUN_S, samples: int = FLOOR_SAMP
     (0 when it was running). No deadline can land before that moment, so the contention
     rows are read against this one. (With a GIL it depends on the switch interval, which
     the fast window lowers to 200 us: the probe runs at 200 us there too.)"""
-    import bisect
-    import random
-
     saved = sys.getswitchinterval()
     gil = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
     if gil:

@@ -204,7 +204,7 @@ static inline int prearm_due(tc_slot *s)
 /* Owner thread, GIL / core lock: fire a pre-armed, due slot here. */
 static void prearm_fire(tc_slot *s)
 {
-    if (s->pending == NULL && atomic_load(&s->prearmed) &&
+    if (s->pending == NULL && atomic_load(&s->prearmed) && /* else nothing to fire */
         atomic_load(&s->state) == SLOT_ARMED && slot_fire(s, now_ns(), 0))
         STAT_INC(self_fires); /* pending here: no kick, no fast window */
 }
@@ -291,7 +291,7 @@ static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg
     }
     if (s->prev_trace != NULL && s->prev_trace(s->prev_traceobj, frame, what, arg) != 0)
         return -1; /* the thread's own tracer raised */
-    if (what == PyTrace_LINE && s->pending == NULL && prearm_due(s))
+    if (what == PyTrace_LINE && prearm_due(s))
         prearm_fire(s);
     if (what == PyTrace_LINE && s->pending != NULL)
         return deliver_here(s, 0, 0);
@@ -534,8 +534,7 @@ static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     if (s == NULL || (!atomic_load(&s->pending_any) && !prearm_due(s)) || hook_core_busy(s))
         Py_RETURN_NONE;
     TC_CORE_BEGIN();
-    if (s->pending == NULL)
-        prearm_fire(s);
+    prearm_fire(s);
     if (s->pending != NULL)
         r = deliver_here(s, 0, 0);
     TC_CORE_END();
@@ -567,8 +566,7 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
         if ((f != NULL && to != from && tc_uncovered_no_raise(f, (int)to)) || hook_core_busy(s))
             Py_RETURN_NONE;
         TC_CORE_BEGIN();
-        if (s->pending == NULL)
-            prearm_fire(s);
+        prearm_fire(s);
         if (s->pending != NULL)
             r = deliver_here(s, to == from, TC_JUMP_RAISE_BROKEN);
         TC_CORE_END();

@@ -80,10 +80,10 @@
  * deadlines, against 0.71x when the watchdog holds the GIL up to the
  * deadline instead.  There it does the latter. */
 #define TC_PREARM (TC_HOOK_TRACE || TC_FREE_THREADED)
-/* The watchdog fires a pre-armed
- * slot itself only this long after its deadline: a thread that runs Python
- * has fired itself by then; one that does not (blocked in C, or waiting for
- * a CPU) gets the watchdog's fire and kick. */
+/* The watchdog fires a pre-armed slot itself only this long after its
+ * deadline: a thread that runs Python has fired itself by then; one that
+ * does not (blocked in C, or waiting for a CPU) gets the watchdog's fire and
+ * kick. */
 #define TC_PREARM_GRACE_NS 100000LL
 /* Free-threaded: how long before a deadline the watchdog arms the hook.
  * Arming switches sys.monitoring events on, which stops the world; on a busy

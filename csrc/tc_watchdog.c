@@ -378,8 +378,8 @@ static void *wd_main(void *arg)
                 continue;
             }
         }
-        /* No hook to pre-arm (or the slot changed): with a GIL, act at the
-         * deadline itself, holding the GIL up to it. */
+        /* Not pre-armed (3.12+, no hook, or the slot changed): with a GIL,
+         * act at the deadline itself, holding the GIL up to it. */
         if (!TC_FREE_THREADED && ev.deadline != TC_NEVER && ev.deadline > t1 &&
             atomic_load(&ev.slot->gen) == ev.gen) {
             if (t1 - t0 < atomic_load(&g_switch) / 2 && ev.deadline - t1 > TC_REQUEUE_MIN_LEFT_NS) {

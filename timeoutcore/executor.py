@@ -85,8 +85,9 @@ class _Running:
         try:
             with scope:
                 if late:
-                    # Started after the cancel: it never runs. (The scope alone would
-                    # stop it "soon", at the watchdog's next pass, racing a quick task.)
+                    # Started after the cancel: it never runs. (The native core raises
+                    # before the block's first line anyway; the fallback engine only at
+                    # the block's exit, after a quick task has run.)
                     checkpoint()
                 return fn(*args, **kwargs)
         finally:

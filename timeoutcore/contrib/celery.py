@@ -276,7 +276,7 @@ def _run_limited(task: Any, run: Callable[..., Any], limits: _Limits,
     try:
         with scope:  # no frame of this package between it and the body (protected code)
             if revoked_early:
-                checkpoint()  # the body never starts (the scope alone stops it soon after)
+                checkpoint()  # the body never starts, on either engine (executor.py)
             return run(*args, **kwargs)
     except DeadlineCancelled as exc:
         if exc.scope is not scope:
