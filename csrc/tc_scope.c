@@ -472,9 +472,22 @@ static PyObject *Scope_reschedule_locked(PyObject *self, PyObject *when)
     tc_slot *s = sc->slot;
     if (s != NULL && s->fired == NULL) {
         slot_publish(s);
-        if (t_slot == s && d <= now_ns() && atomic_load(&s->shield) == 0) {
-            slot_fire(s, now_ns(), 1);
-            return NULL;
+        int64_t now = now_ns();
+        if (d <= now && atomic_load(&s->shield) == 0) {
+            if (t_slot == s) {
+                slot_fire(s, now, 1);
+                return NULL;
+            }
+            /* Another thread's block (cancel(), or a deadline moved into the
+             * past): fire it from here, as the watchdog's sweep would --
+             * this thread holds the GIL (free-threaded: the core lock) now,
+             * while the watchdog would first have to win it from the busy
+             * threads (measured: the registry's cancel of a spinning job,
+             * p50 ~1 ms of the watchdog's own wait for the GIL).  The
+             * interrupt goes pending for that thread's hook, which raises it
+             * at a safe line boundary there; nothing is raised here. */
+            if (s->alive && atomic_load(&s->state) == SLOT_ARMED)
+                (void)slot_fire(s, now, 0);
         }
     }
     Py_RETURN_NONE;

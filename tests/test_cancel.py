@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from conftest import LATE, spin_forever
 
+import timeoutcore
+
 from timeoutcore.errors import DeadlineCancelled, DeadlineExceeded
 from timeoutcore.results import status_of
 
@@ -108,3 +110,32 @@ def test_cancelling_an_outer_scope_stops_the_inner_block(api: Any) -> None:
             with api.thread_deadline(20, label="inner"):
                 spin_forever()
     assert info.value.label == "outer"
+
+
+@pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="the native core's fire path")
+def test_cancel_from_another_thread_fires_before_it_returns() -> None:
+    """cancel() from another thread fires the block right there (the caller holds the GIL,
+    or the core lock), rather than leaving it to the watchdog, which would first have to
+    win the GIL from the busy threads; the interrupt still surfaces in the block's own
+    thread, at its next safe line."""
+    scope = timeoutcore.thread_deadline(30)
+    entered = threading.Event()
+    outcome: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            with scope:
+                entered.set()
+                spin_forever()
+        except DeadlineExceeded as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=body)
+    t.start()
+    assert entered.wait(10)
+    scope.cancel("now")
+    fired = scope.fired_at  # read before this thread lets the GIL go
+    t.join(10)
+    assert fired is not None  # broken: None, the watchdog fires later
+    assert len(outcome) == 1 and isinstance(outcome[0], DeadlineCancelled)
+    assert outcome[0].reason == "now"

@@ -68,3 +68,66 @@ def test_no_interrupt_escapes_its_block() -> None:
     # the hammer only means something if deadlines really fire in a good share of blocks
     assert 0.02 * BLOCKS < timeouts < 0.98 * BLOCKS, timeouts
     assert escapes == 0
+
+
+def _cancelled_hammer(n: int, seed: int, slot: list, out: list) -> None:
+    """Blocks of ~0.1 ms under a far deadline, each published in ``slot`` for the
+    canceller; counts escapes, blocks that raised, and blocks that were cancelled."""
+    rnd = random.Random(seed)
+    escapes = raised = 0
+    for _ in range(n):
+        scope = timeoutcore.thread_deadline(30)
+        slot[0] = scope
+        try:
+            try:
+                with scope:
+                    burn(0.0001 * rnd.uniform(0.5, 1.5))
+            except DeadlineExceeded:
+                raised += 1
+            x = 0
+            for _ in range(16):  # bytecode after the exit, where a stray interrupt lands
+                x += 1
+        except _DeadlineInterrupt:
+            escapes += 1
+        slot[0] = None
+    out.append((escapes, raised))
+
+
+@pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="the fallback engine documents rare escapes")
+def test_no_interrupt_escapes_a_block_cancelled_from_another_thread() -> None:
+    """cancel() from another thread fires the block from the canceller's thread (the
+    interrupt goes pending there for the block's own thread): cancels landing in every
+    phase of entry, body and exit never let it surface outside the block, and every block
+    that raised was one the canceller cancelled."""
+    blocks = max(4000, BLOCKS // 10)
+    slots: list[list] = [[None] for _ in range(THREADS)]
+    results: list = []
+    done = threading.Event()
+    cancels = [0]
+
+    def canceller() -> None:
+        rnd = random.Random(99)
+        while not done.is_set():
+            scope = slots[rnd.randrange(THREADS)][0]
+            if scope is not None:
+                scope.cancel("hammer")
+                cancels[0] += 1
+            burn(0.0002 * rnd.random())
+
+    threads = [
+        threading.Thread(target=_cancelled_hammer, args=(blocks // THREADS, seed, slots[seed], results))
+        for seed in range(THREADS)
+    ]
+    c = threading.Thread(target=canceller)
+    c.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    c.join()
+    escapes = sum(r[0] for r in results)
+    raised = sum(r[1] for r in results)
+    assert len(results) == THREADS
+    assert 0 < raised <= cancels[0], (raised, cancels[0])
+    assert escapes == 0
