@@ -21,10 +21,9 @@
  *     (3.13, 3.14), and PyFrameObject's f_frame: the scope, at entry, in its
  *     own thread, and the hook, to know the with statement's frame without
  *     making a frame object (an address compared, never dereferenced).
- *   - the interpreter's GIL switch interval (3.12+, via tc_gil.c): the
- *     watchdog, without the GIL (see "the fast window" below).
- * Private functions: _PyEval_Get/SetSwitchInterval and _PyEval_SetTrace
- * (3.11 only), _PyEval_RequestCodeExtraIndex / _PyCode_Get/SetExtra (3.11;
+ *   - the GIL state's switch interval, mutex and condition variable (via
+ *     tc_gil.c): the watchdog, without the GIL (see "the fast window" below).
+ * Private functions: _PyEval_SetTrace (3.11 only), _PyEval_RequestCodeExtraIndex / _PyCode_Get/SetExtra (3.11;
  * PyUnstable_ from 3.12), see below.
  */
 #ifndef TC_COMPAT_H
@@ -65,57 +64,47 @@
 /* -- Lowering the switch interval: the fast window --------------------------
  * The watchdog lowers the GIL switch interval to TC_FAST_SWITCH_US while a
  * deadline is due or a fired interrupt is on its way (tc_watchdog.c), and
- * puts the user's value back after.  Where the value lives:
- *   3.11: runtime-global; _PyEval_Get/SetSwitchInterval work from any
- *     thread, without a thread state.
- *   3.12+: per interpreter, in its GIL state (PEP 684), and those functions
- *     need a current thread state (a first try without one crashed): the
- *     address of the field is taken once at import, with the GIL, by
- *     tc_gil.c -- the one unit built with CPython's internal headers -- and
- *     read and written here with relaxed atomics (CPython itself reads it
- *     without a lock).  No address (a build without a GIL): no window. */
-#if PY_VERSION_HEX < 0x030C0000
-#define TC_SWITCH_BY_ADDRESS 0
-#else
-#define TC_SWITCH_BY_ADDRESS 1
+ * puts the user's value back after.  The value lives in the GIL state:
+ * runtime-global on 3.11 (_PyRuntime.ceval.gil), per interpreter from 3.12
+ * (interp->ceval.gil, PEP 684), where _PyEval_Get/SetSwitchInterval need a
+ * current thread state (a first try without one crashed).  So on every
+ * version the GIL state's address is taken once at import, with the GIL, by
+ * tc_gil.c -- the one unit built with CPython's internal headers -- and the
+ * interval is read and written here with relaxed atomics (CPython itself
+ * reads it without a lock).  tc_gil.c also wakes the threads that wait for
+ * the GIL, so that they wait the lowered interval at once (its header says
+ * why).  No GIL state (a build without a GIL): no window. */
+int tc_gil_setup(void);                    /* tc_gil.c */
 unsigned long *tc_gil_interval_addr(void); /* tc_gil.c */
+int tc_gil_rewait(void);                   /* tc_gil.c */
 static unsigned long *g_interval_addr;     /* set by tc_switch_setup        */
-#endif
 
 /* At import, with the GIL. */
 static inline void tc_switch_setup(void)
 {
-#if TC_SWITCH_BY_ADDRESS
-    g_interval_addr = tc_gil_interval_addr();
-#endif
+    g_interval_addr = tc_gil_setup() ? tc_gil_interval_addr() : NULL;
 }
 
 static inline int tc_lower_switch_supported(void)
 {
-#if TC_SWITCH_BY_ADDRESS
     return g_interval_addr != NULL;
-#else
-    return 1;
-#endif
 }
 
 static inline unsigned long tc_switch_interval_us(void)
 {
-#if TC_SWITCH_BY_ADDRESS
     return g_interval_addr != NULL ? __atomic_load_n(g_interval_addr, __ATOMIC_RELAXED) : 0;
-#else
-    return _PyEval_GetSwitchInterval();
-#endif
 }
 
-static inline void tc_set_switch_interval_us(unsigned long us)
+/* Store the interval; with `rewait`, also wake the GIL's waiters so that
+ * they wait the new one at once (without: each finishes its current wait
+ * first).  Returns 0 or the errno of a failed wake-up (the interval is
+ * stored all the same). */
+static inline int tc_set_switch_interval_us(unsigned long us, int rewait)
 {
-#if TC_SWITCH_BY_ADDRESS
-    if (g_interval_addr != NULL)
-        __atomic_store_n(g_interval_addr, us, __ATOMIC_RELAXED);
-#else
-    _PyEval_SetSwitchInterval(us);
-#endif
+    if (g_interval_addr == NULL)
+        return 0;
+    __atomic_store_n(g_interval_addr, us, __ATOMIC_RELAXED);
+    return rewait ? tc_gil_rewait() : 0;
 }
 
 /* -- The exception a thread is raising right now ------------------------------

@@ -1,45 +1,101 @@
 /*
- * tc_gil.c -- where the interpreter keeps its GIL switch interval (3.12+).
- * The one file of the core compiled with Py_BUILD_CORE: a unit of its own,
- * so that CPython's internal headers (shipped with the public ones) touch
- * nothing else.
+ * tc_gil.c -- the interpreter's GIL state: where its switch interval lives
+ * (3.12+), and its waiters (3.11+).  The one file of the core compiled with
+ * Py_BUILD_CORE: a unit of its own, so that CPython's internal headers
+ * (shipped with the public ones) touch nothing else.
  *
  * Why: the watchdog lowers the switch interval while a deadline is due or
  * an interrupt on its way (tc_watchdog.c: the fast window), so that the
  * thread that must stop gets the GIL within a fraction of a millisecond
- * even when other threads are busy.  Up to 3.11 the interval is
- * runtime-global and _PyEval_Set/GetSwitchInterval work from any thread;
- * from 3.12 it lives in the interpreter's GIL state (PEP 684) and those
- * functions need a current thread state, which the watchdog has only while
- * it holds the GIL -- the very thing it is waiting for.  So the address of
- * that field is taken once, with the GIL, in the importing thread
- * (tc_gil_interval_addr), and the watchdog reads and writes the unsigned
- * long there without the GIL.  CPython reads it without a lock too
- * (take_gil copies it at the start of each wait): an aligned word, never
- * torn; a waiter that read the old value uses it for one more wait.
+ * even when other threads are busy.
  *
- * Contract: tc_gil_interval_addr() with the GIL held, in a thread of the
- * interpreter that imports the module; returns NULL on 3.11 (use the
- * functions) or when the interpreter has no GIL state of its own.
+ * The interval.  Up to 3.11 it is runtime-global and
+ * _PyEval_Set/GetSwitchInterval work from any thread; from 3.12 it lives in
+ * the interpreter's GIL state (PEP 684) and those functions need a current
+ * thread state, which the watchdog has only while it holds the GIL -- the
+ * very thing it is waiting for.  So the GIL state's address is taken once,
+ * with the GIL, in the importing thread (tc_gil_setup), and the watchdog
+ * reads and writes the unsigned long there without the GIL.  CPython reads
+ * it without a lock too: an aligned word, never torn.
+ *
+ * The waiters.  take_gil() copies the interval at the start of each timed
+ * wait on gil->cond and asks the holder to drop the GIL only when that wait
+ * times out (Python/ceval_gil.c, 3.11-3.14 alike).  A thread that was
+ * already waiting when the window opened therefore waits out the old
+ * interval -- up to 5 ms -- before anyone asks the holder to let go: with
+ * busy threads that is most of a deadline's lateness (measured on 3.12.1,
+ * 3 spinning threads: p50 2.5 ms).  tc_gil_rewait() wakes every waiter so
+ * that each starts its wait again with the interval now in force.  A
+ * condition variable may always wake spuriously, and take_gil() loops until
+ * the GIL is free, so to CPython this is a spurious wake-up: nobody takes
+ * the GIL because of it.  It broadcasts with gil->mutex held, the mutex
+ * take_gil() holds from reading the interval to waiting: a waiter has then
+ * either read the new interval or is waiting and is woken.
+ *
+ * Contract: tc_gil_setup() with the GIL held, in a thread of the
+ * interpreter that imports the module; it returns 0 where there is no GIL
+ * state to reach (a build without a GIL, an interpreter without its own).
+ * tc_gil_interval_addr() and tc_gil_rewait() from any thread, with or
+ * without the GIL, after a setup that returned 1; never from a signal
+ * handler (rewait takes a mutex).  rewait returns 0, or the errno of the
+ * failed pthread call (nothing was woken).
  */
 #define Py_BUILD_CORE 1
 #include <Python.h>
+#include <pthread.h>
 
-#if PY_VERSION_HEX >= 0x030C0000
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wundef" /* mimalloc's headers (3.13+) */
+#if PY_VERSION_HEX >= 0x030C0000
 #include "internal/pycore_interp.h"
+#else
+#include "internal/pycore_runtime.h" /* 3.11: _PyRuntime.ceval.gil */
+#endif
 #pragma GCC diagnostic pop
+
+#define TC_HIDDEN __attribute__((visibility("hidden")))
+TC_HIDDEN int tc_gil_setup(void);
+TC_HIDDEN unsigned long *tc_gil_interval_addr(void);
+TC_HIDDEN int tc_gil_rewait(void);
+
+#ifndef Py_GIL_DISABLED
+static struct _gil_runtime_state *g_gil; /* set once at import, GIL held */
 #endif
 
-__attribute__((visibility("hidden"))) unsigned long *tc_gil_interval_addr(void);
+int tc_gil_setup(void)
+{
+#if defined(Py_GIL_DISABLED)
+    return 0;
+#elif PY_VERSION_HEX >= 0x030C0000
+    g_gil = PyInterpreterState_Get()->ceval.gil;
+    return g_gil != NULL;
+#else
+    g_gil = &_PyRuntime.ceval.gil;
+    return 1;
+#endif
+}
 
 unsigned long *tc_gil_interval_addr(void)
 {
-#if PY_VERSION_HEX >= 0x030C0000 && !defined(Py_GIL_DISABLED)
-    PyInterpreterState *interp = PyInterpreterState_Get();
-    return interp->ceval.gil != NULL ? &interp->ceval.gil->interval : NULL;
+#ifndef Py_GIL_DISABLED
+    return g_gil != NULL ? &g_gil->interval : NULL;
 #else
     return NULL;
+#endif
+}
+
+int tc_gil_rewait(void)
+{
+#ifndef Py_GIL_DISABLED
+    int err, err2;
+    if (g_gil == NULL)
+        return 0;
+    if ((err = pthread_mutex_lock(&g_gil->mutex)) != 0)
+        return err;
+    err = pthread_cond_broadcast(&g_gil->cond);
+    err2 = pthread_mutex_unlock(&g_gil->mutex);
+    return err != 0 ? err : err2;
+#else
+    return 0;
 #endif
 }

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -62,6 +63,11 @@
  * blocked, and the whole process should not pay for faster GIL switches
  * meanwhile. */
 #define TC_FAST_HOLD_NS 20000000LL
+/* The longest the window stays open for a thread that took the GIL back for
+ * urgent work (tc_module.c: _wait_readable) and has not said it is done:
+ * its work is a little Python (a registry message read, parsed and applied,
+ * ~0.1 ms), then it waits again, which ends it. */
+#define TC_URGENT_MAX_NS 20000000LL
 
 /* Requeue: when the GIL came in less than half a switch interval, the body
  * releases it often (I/O-ish); if the deadline is still more than
@@ -244,7 +250,8 @@ static PyObject *g_shield_type;
 static struct {
     _Atomic uint64_t slots_live, timers_live, fires, reinjections, kicks, signals_seen,
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
-        hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires;
+        hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
+        rewait_errors;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

@@ -513,6 +513,47 @@ static PyObject *mod_ensure_watchdog_locked(PyObject *m, PyObject *unused)
 }
 TC_LOCKED_2(PyObject *, mod_ensure_watchdog, PyObject *, PyObject *)
 
+/* _wait_readable(fd, timeout) -> bool: wait, without the GIL, until `fd` is
+ * readable (or hung up, or invalid) or `timeout` seconds have passed; when
+ * it is ready, take the GIL back *urgently*: the watchdog opens the fast
+ * window (tc_watchdog.c: wd_urgent_begin), so that in a busy process this
+ * thread gets the GIL after a fast switch interval, not a whole one, and
+ * keeps it open until this thread's next _wait_readable (or
+ * TC_URGENT_MAX_NS).  True if fd was ready; False after the timeout or an
+ * interrupted poll (the caller loops).  For a thread with urgent work and
+ * no deadline of its own (the registry's subscriber): it touches no slot,
+ * so a scope around it does not shorten the wait. */
+static PyObject *mod_wait_readable(PyObject *m, PyObject *args)
+{
+    (void)m;
+    int fd, r, err = 0;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "id:_wait_readable", &fd, &timeout))
+        return NULL;
+    if (fd < 0) {
+        PyErr_Format(PyExc_ValueError, "_wait_readable(): fd must be >= 0, not %d", fd);
+        return NULL;
+    }
+    if (!(timeout >= 0.0 && timeout <= 86400.0)) {
+        PyErr_SetString(PyExc_ValueError, "_wait_readable(): timeout must be 0 to 86400 s");
+        return NULL;
+    }
+    struct pollfd p = {.fd = fd, .events = POLLIN, .revents = 0};
+    wd_urgent_end(); /* the work since the last ready fd is done */
+    Py_BEGIN_ALLOW_THREADS
+    r = poll(&p, 1, (int)ceil(timeout * 1e3));
+    if (r < 0)
+        err = errno;
+    else if (r > 0)
+        wd_urgent_begin();
+    Py_END_ALLOW_THREADS
+    if (r < 0 && err != EINTR) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyBool_FromLong(r > 0);
+}
+
 static PyMethodDef mod_methods[] = {
     {"sleep", mod_sleep, METH_O,
      "sleep(seconds): like time.sleep, but ends at this thread's deadline and raises there."},
@@ -546,6 +587,8 @@ static PyMethodDef mod_methods[] = {
     {"_watchdog_running", mod_watchdog_running, METH_NOARGS, "Whether the watchdog runs."},
     {"_ensure_watchdog", mod_ensure_watchdog, METH_NOARGS,
      "Start the watchdog if an armed deadline needs it (after fork)."},
+    {"_wait_readable", mod_wait_readable, METH_VARARGS,
+     "Wait until fd is readable, then take the GIL back urgently (fast window)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -669,6 +712,7 @@ void tc_get_stats(struct tc_stats *o)
     o->backstops = atomic_load(&g_st.backstops);
     o->async_fallbacks = atomic_load(&g_st.async_fallbacks);
     o->fast_windows = atomic_load(&g_st.fast_windows);
+    o->rewait_errors = atomic_load(&g_st.rewait_errors);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

@@ -238,6 +238,12 @@ static void refresh_switch_interval(void)
  * (benchmarks/bench_contention.py: pool throughput).  Watchdog thread only;
  * g_fast_flag lets a claiming scope wake it to close the window at once. */
 static int g_fast_on;               /* watchdog thread only                */
+/* Threads that took the GIL back for work that must not wait a whole switch
+ * interval (wd_urgent_begin) keep the window open until they are done
+ * (wd_urgent_end), or at most until g_urgent_until. */
+static _Atomic int g_urgent_n;
+static _Atomic int64_t g_urgent_until;
+static _Thread_local int t_urgent;
 static unsigned long g_fast_saved;  /* the interval to put back            */
 static int64_t g_fast_since;        /* when it was lowered                 */
 static _Atomic int g_fast_flag;     /* g_fast_on, for other threads        */
@@ -250,7 +256,10 @@ static void fast_enter(void)
     if ((cur = tc_switch_interval_us()) <= TC_FAST_SWITCH_US)
         return; /* the user runs a short interval already */
     g_fast_saved = cur;
-    tc_set_switch_interval_us(TC_FAST_SWITCH_US);
+    /* The waiters wait the new interval at once (tc_gil.c); if waking them
+     * fails, each waits out its current wait first: later, not wrong. */
+    if (tc_set_switch_interval_us(TC_FAST_SWITCH_US, 1) != 0)
+        STAT_INC(rewait_errors);
     g_fast_on = 1;
     g_fast_since = now_ns();
     STAT_INC(fast_windows);
@@ -262,11 +271,43 @@ static void fast_leave(void)
     if (!g_fast_on)
         return;
     if (tc_switch_interval_us() == TC_FAST_SWITCH_US)
-        tc_set_switch_interval_us(g_fast_saved);
+        (void)tc_set_switch_interval_us(g_fast_saved, 0); /* a longer wait: no wake-up */
     g_fast_on = 0;
     atomic_fetch_add_explicit(&g_st.fast_ns, (uint64_t)(now_ns() - g_fast_since),
                               memory_order_relaxed);
     atomic_store(&g_fast_flag, 0);
+}
+
+/* Without the GIL, any thread: open the fast window for this thread, which
+ * is about to take the GIL back to act on something urgent (the registry's
+ * subscriber with a cancel to apply), until it calls wd_urgent_end or at
+ * most TC_URGENT_MAX_NS.  Its own take_gil() may already wait the old
+ * interval: opening the window wakes it (tc_gil.c), so it asks the holder to
+ * let go after the fast interval.  The window stays open while it applies
+ * the message: every GIL release on the way (a socket read) would
+ * otherwise cost it a whole switch interval to come back. */
+static void wd_urgent_begin(void)
+{
+    int64_t until = now_ns() + TC_URGENT_MAX_NS;
+    int64_t cur = atomic_load(&g_urgent_until);
+    while (cur < until && !atomic_compare_exchange_weak(&g_urgent_until, &cur, until))
+        ;
+    if (!t_urgent) {
+        t_urgent = 1;
+        atomic_fetch_add(&g_urgent_n, 1);
+    }
+    wd_wake();
+}
+
+/* Any thread: this thread's urgent work is done (nothing if it had none);
+ * the watchdog closes the window if nothing else keeps it open. */
+static void wd_urgent_end(void)
+{
+    if (!t_urgent)
+        return;
+    t_urgent = 0;
+    if (atomic_fetch_sub(&g_urgent_n, 1) == 1)
+        wd_wake();
 }
 
 /* Take the GIL with the watchdog's thread state, inside the fast window. */
@@ -339,6 +380,8 @@ static void *wd_main(void *arg)
             atomic_store(&g_wd_planned, ev.at);
         }
         if (fu2 > fast_until)
+            fast_until = fu2;
+        if (atomic_load(&g_urgent_n) > 0 && (fu2 = atomic_load(&g_urgent_until)) > fast_until)
             fast_until = fu2;
         int64_t t0 = now_ns(), off_at = hook_idle_off_at();
         if (off_at <= t0) { /* free-threaded: idle delivery events go (tc_deliver.c) */
@@ -457,4 +500,7 @@ static void wd_forget_after_fork(void)
 {
     g_wd_running = 0;
     atomic_store(&g_wd_planned, 0);
+    atomic_store(&g_urgent_until, 0);
+    atomic_store(&g_urgent_n, 0); /* only this thread is left: its own mark goes too */
+    t_urgent = 0;
 }

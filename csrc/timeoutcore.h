@@ -22,13 +22,15 @@
  *   raises DeadlineExceeded.  Where: tc_watchdog.c decides when, tc_slot.c
  *   runs the delivery steps (its header lists them), tc_deliver.c decides
  *   where the interrupt surfaces, tc_scope.c makes the exception, tc_gil.c
- *   (its own unit, CPython's internal headers) finds the switch interval.
+ *   (its own unit, CPython's internal headers) finds the switch interval
+ *   and wakes the GIL's waiters.
  *
  * THE PYTHON-FACING MODULE (built by tc_export, e.g. "timeoutcore._core")
  *   Types Scope (thread_deadline's base) and Shield; functions sleep,
  *   checkpoint, remaining, current_deadline, current_scope, shield; private
  *   _setup, _set_default_hook, _raise_in_scope, _shutdown, _watchdog_running,
- *   _ensure_watchdog, _anticipation, and for safe delivery _setup_delivery
+ *   _ensure_watchdog, _anticipation, _wait_readable (any thread; the GIL
+ *   released while it waits), and for safe delivery _setup_delivery
  *   (once, arms the hook machinery: a tracer on 3.11, a sys.monitoring tool
  *   on 3.12+), _set_protection(names, codes), _set_deferral_report(fn, cap),
  *   _delivery_mode.  Precondition: _setup(interrupt_class, exceeded_class)
@@ -132,6 +134,7 @@ struct tc_stats {
     uint64_t prearms;          /* hooks armed ahead of a deadline           */
     uint64_t self_fires;       /* deadlines a pre-armed thread fired itself */
     uint64_t hooked_now;       /* threads whose delivery hook is armed now  */
+    uint64_t rewait_errors;    /* GIL waiters not woken at a window (errno) */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

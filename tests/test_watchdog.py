@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -287,3 +288,104 @@ def test_a_block_that_ends_after_the_prearm_leaves_no_hook_armed() -> None:
 def _spin_until(t: float) -> None:
     while time.monotonic() < t:
         pass
+
+
+# --- urgent GIL take-back (_wait_readable: the registry's subscriber) -----------------------
+
+# A writer in another process: it takes no part in this process's GIL, so the reader's wait
+# for the GIL is all that is measured. It writes its send time, CLOCK_MONOTONIC like ours.
+PIPE_WRITER = r"""
+import os, sys, time
+w, n = int(sys.argv[1]), int(sys.argv[2])
+for _ in range(n):
+    time.sleep(0.03)
+    os.write(w, b"%.9f\n" % time.perf_counter())
+"""
+
+
+@with_gil
+def test_a_thread_woken_by_its_fd_takes_the_gil_back_within_the_fast_window() -> None:
+    """A spinning thread holds the GIL; a thread that waits in _wait_readable for a pipe
+    gets the GIL back a fast switch interval after data arrives, not a whole one: the
+    watchdog opens the window and wakes the waiters of the GIL, whose wait started with the
+    old interval (csrc/tc_gil.c). At a 20 ms interval a plain wait takes >= 20 ms. The
+    window closes when the thread waits again."""
+    import subprocess
+
+    core = _core()
+    n = 12
+    r, w = os.pipe()
+    stop = threading.Event()
+    lags: list[float] = []
+    ready: list[bool] = []
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    def reader() -> None:
+        buf = b""
+        while len(lags) < n:
+            if not core._wait_readable(r, 5.0):
+                ready.append(False)
+                return
+            got = time.perf_counter()  # the GIL is ours again here
+            buf += os.read(r, 4096)
+            while b"\n" in buf and len(lags) < n:
+                line, buf = buf.split(b"\n", 1)
+                lags.append(got - float(line))
+        ready.append(True)
+        core._wait_readable(r, 0.0)  # waits again: its urgent work is done
+
+    before_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.02)
+    before = _stats()
+    threads = [threading.Thread(target=spin), threading.Thread(target=reader)]
+    try:
+        with timeoutcore.thread_deadline(60):  # the watchdog runs
+            for t in threads:
+                t.start()
+            writer = subprocess.Popen([sys.executable, "-c", PIPE_WRITER, str(w), str(n)],
+                                      pass_fds=(w,))
+            threads[1].join(30)
+            stop.set()
+            threads[0].join(30)
+            writer.wait(30)
+            after = _stats()
+            settled = _settled(0.02)
+    finally:
+        stop.set()
+        sys.setswitchinterval(before_interval)
+        os.close(r)
+        os.close(w)
+    assert ready == [True] and len(lags) == n
+    lags.sort()
+    assert lags[n // 2] < 0.008, lags  # broken: each >= 0.02 (the interval)
+    assert after["fast_windows"] > before["fast_windows"]
+    assert after["rewait_errors"] == before["rewait_errors"]
+    assert settled == pytest.approx(0.02)  # closed again, the user's value back
+
+
+@pytest.mark.parametrize("engine", ["native", pytest.param("fallback", marks=pytest.mark.skipif(
+    FREE_THREADED, reason="the fallback engine needs a GIL"))])
+def test_wait_readable_says_whether_the_fd_is_ready(engine: str) -> None:
+    from timeoutcore import _fallback, _native
+
+    wait = _native.wait_readable if engine == "native" else _fallback.wait_readable
+    r, w = os.pipe()
+    try:
+        start = time.monotonic()
+        assert wait(r, 0.05) is False
+        assert time.monotonic() - start >= 0.045
+        os.write(w, b"x")
+        assert wait(r, 5.0) is True
+        with pytest.raises(ValueError, match="fd must be >= 0"):
+            wait(-1, 1.0)
+        for bad in (-1.0, float("nan"), 1e9):
+            with pytest.raises(ValueError, match="timeout must be 0 to 86400"):
+                wait(r, bad)
+        with pytest.raises(TypeError):
+            wait(r, "1")  # type: ignore[arg-type]
+    finally:
+        os.close(r)
+        os.close(w)

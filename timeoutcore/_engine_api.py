@@ -157,3 +157,9 @@ class Engine(Protocol):
     def scope_stacks(self, all_threads: bool) -> list[tuple[EngineScope, ...]]:
         """The active scopes, one tuple per thread, outermost first: of every live thread
         (``all_threads``) or of the calling thread only. A snapshot."""
+
+    def wait_readable(self, fd: int, timeout: float) -> bool:
+        """Wait until ``fd`` is readable (or hung up) or ``timeout`` seconds have passed:
+        True if it is ready, False otherwise (the caller loops). For a thread with urgent
+        work and no deadline of its own: the native engine then takes the GIL back within a
+        fast switch interval even while other threads are busy (the fast window)."""

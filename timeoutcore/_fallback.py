@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import select
 import sys
 import threading
 import time
@@ -562,6 +563,21 @@ def scope_stacks(all_threads: bool) -> list[tuple[Any, ...]]:
         return [tuple(st.stack)] if st is not None and st.stack else []
     with _wd.lock:
         return [tuple(st.stack) for st in list(_wd.states.values()) if st.stack]
+
+
+def wait_readable(fd: int, timeout: float) -> bool:
+    """Wait until ``fd`` is readable (or hung up) or ``timeout`` seconds have passed; True if
+    it is ready. No urgency here: the GIL comes back as for any other wait."""
+    if fd < 0:
+        raise ValueError(f"wait_readable(): fd must be >= 0, not {fd}")
+    if not 0.0 <= timeout <= 86400.0:
+        raise ValueError("wait_readable(): timeout must be 0 to 86400 s")
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    try:
+        return bool(poller.poll(math.ceil(timeout * 1e3)))
+    except InterruptedError:  # pragma: no cover - PEP 475 retries it
+        return False
 
 
 def shield() -> Shield:

@@ -68,6 +68,7 @@ wait_shield: Callable[[], ContextManager[Any]] = core.shield
 _set_default_hook: Callable[[Optional[Hook]], None] = core._set_default_hook
 _raise_in_scope: Callable[[Any, type[BaseException]], bool] = core._raise_in_scope
 scope_stacks: Callable[[bool], list[tuple[EngineScope, ...]]] = core._scope_stacks
+wait_readable: Callable[[int, float], bool] = core._wait_readable
 
 
 # --- diagnostics of the C core (tests, benchmarks) -------------------------------------------
