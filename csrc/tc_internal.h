@@ -52,11 +52,7 @@
  * sixth of the trials with 300 us, on 2 loaded cores) still pre-arms in
  * time.  Where it holds the GIL up to the deadline, the margin is a stall
  * of the whole process, kept short. */
-#if TC_HOOK_TRACE
 #define TC_LEAD_MARGIN_FAST_NS 800000LL
-#else
-#define TC_LEAD_MARGIN_FAST_NS 300000LL
-#endif
 /* How long after a fire the fast window stays open for an interrupt that has
  * not been claimed: a delivery takes well under a millisecond once the
  * thread runs; one that waits longer is deferred in protected code or
@@ -76,16 +72,22 @@
 #define TC_REQUEUE_MIN_LEFT_NS 300000LL
 #define TC_REQUEUE_EARLY_NS 200000LL
 
-/* Pre-arming (tc_watchdog.c: wd_prearm; tc_deliver.c: pre-armed slots) is
- * used where the armed hook costs only the guarded thread -- 3.11's
+/* Pre-arming (tc_watchdog.c: wd_prearm; tc_deliver.c: pre-armed slots):
+ * always where the armed hook costs only the guarded thread -- 3.11's
  * per-thread tracer -- and free-threaded, where arming stops the world.
- * 3.12+ with a GIL: sys.monitoring events are interpreter-wide, so every
- * thread would run instrumented code and call the hook at each line from
- * the pre-arm to the deadline; measured with 4 CPU-bound workers and a
- * deadline firing every 4th task: 0.64x the pool's throughput without
- * deadlines, against 0.71x when the watchdog holds the GIL up to the
- * deadline instead.  There it does the latter. */
-#define TC_PREARM (TC_HOOK_TRACE || TC_FREE_THREADED)
+ * 3.12+ with a GIL, sys.monitoring events are interpreter-wide: from the
+ * pre-arm to the deadline every thread runs instrumented code and calls the
+ * hook at each line.  Alone, that costs nothing but the guarded thread's
+ * own lines, and saves the GIL hand-over at the deadline (a quiet worker's
+ * CPU loop, 3.12.1: p50 0.27 -> 0.11 ms); in a crowded process it costs
+ * every thread (4 CPU-bound workers, a deadline firing every 4th task:
+ * 0.71x the throughput without deadlines against 0.79x when holding the
+ * GIL, alternated runs).  So there the watchdog pre-arms only when the GIL
+ * came within TC_PREARM_QUIET_NS (nobody else queued for it), and holds it
+ * up to the deadline otherwise. */
+#define TC_PREARM 1
+#define TC_PREARM_ALWAYS (TC_HOOK_TRACE || TC_FREE_THREADED)
+#define TC_PREARM_QUIET_NS 400000LL
 /* The watchdog fires a pre-armed slot itself only this long after its
  * deadline: a thread that runs Python has fired itself by then; one that
  * does not (blocked in C, or waiting for a CPU) gets the watchdog's fire and
@@ -251,7 +253,7 @@ static struct {
     _Atomic uint64_t slots_live, timers_live, fires, reinjections, kicks, signals_seen,
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
-        rewait_errors;
+        rewait_errors, gil_holds;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

@@ -713,6 +713,7 @@ void tc_get_stats(struct tc_stats *o)
     o->async_fallbacks = atomic_load(&g_st.async_fallbacks);
     o->fast_windows = atomic_load(&g_st.fast_windows);
     o->rewait_errors = atomic_load(&g_st.rewait_errors);
+    o->gil_holds = atomic_load(&g_st.gil_holds);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

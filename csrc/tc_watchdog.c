@@ -414,8 +414,9 @@ static void *wd_main(void *arg)
         int64_t t1 = now_ns();
         if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
             /* Early: pre-arm, and let the thread run on to fire its deadline
-             * itself (tc_deliver.c: pre-armed slots). */
-            if (wd_prearm(ev.slot, ev.gen)) {
+             * itself (tc_deliver.c: pre-armed slots); 3.12+ with a GIL only
+             * if the GIL came quickly (tc_internal.h: TC_PREARM_QUIET_NS). */
+            if ((TC_PREARM_ALWAYS || t1 - t0 < TC_PREARM_QUIET_NS) && wd_prearm(ev.slot, ev.gen)) {
                 refresh_switch_interval();
                 ts = PyEval_SaveThread();
                 continue;
@@ -440,8 +441,10 @@ static void *wd_main(void *arg)
             }
             /* Hold the GIL up to the deadline: the body cannot run now, so
              * the interrupt lands when it resumes. */
-            if (atomic_load(&ev.slot->gen) == ev.gen)
+            if (atomic_load(&ev.slot->gen) == ev.gen) {
+                STAT_INC(gil_holds);
                 sleep_until(ev.deadline);
+            }
         }
         wd_sweep(now_ns());
         hook_drain(); /* outside g_mu: it runs Python code (tc_deliver.c) */

@@ -135,6 +135,7 @@ struct tc_stats {
     uint64_t self_fires;       /* deadlines a pre-armed thread fired itself */
     uint64_t hooked_now;       /* threads whose delivery hook is armed now  */
     uint64_t rewait_errors;    /* GIL waiters not woken at a window (errno) */
+    uint64_t gil_holds;        /* GIL held up to a deadline, not pre-armed  */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules
