@@ -53,6 +53,9 @@
  * time.  Where it holds the GIL up to the deadline, the margin is a stall
  * of the whole process, kept short. */
 #define TC_LEAD_MARGIN_FAST_NS 800000LL
+/* ... plus, in a crowded process, how much longer the watchdog has lately
+ * waited for the GIL (tc_watchdog.c: g_crowd_ns), up to this much. */
+#define TC_LEAD_CROWD_MAX_NS 3000000LL
 /* How long after a fire the fast window stays open for an interrupt that has
  * not been claimed: a delivery takes well under a millisecond once the
  * thread runs; one that waits longer is deferred in protected code or

@@ -459,14 +459,17 @@ static PyObject *mod_delivery_mode_locked(PyObject *m, PyObject *unused)
 }
 TC_LOCKED_2(PyObject *, mod_delivery_mode, PyObject *, PyObject *)
 
-/* _anticipation() -> (lead, switch) in seconds: how long before a deadline
- * the watchdog asks for the GIL, and the switch interval it plans with. */
+/* _anticipation() -> (lead, switch, crowd) in seconds: how long before a
+ * deadline the watchdog asks for the GIL, the switch interval it plans with,
+ * and how much longer than that it has lately waited (tc_watchdog.c:
+ * g_crowd_ns; the lead includes it, capped). */
 static PyObject *mod_anticipation(PyObject *m, PyObject *unused)
 {
     (void)m;
     (void)unused;
-    return Py_BuildValue("(dd)", (double)atomic_load(&g_lead) / TC_NS_PER_S_F,
-                         (double)atomic_load(&g_switch) / TC_NS_PER_S_F);
+    return Py_BuildValue("(ddd)", (double)atomic_load(&g_lead) / TC_NS_PER_S_F,
+                         (double)atomic_load(&g_switch) / TC_NS_PER_S_F,
+                         (double)atomic_load(&g_crowd_ns) / TC_NS_PER_S_F);
 }
 
 static PyObject *mod_watchdog_running_locked(PyObject *m, PyObject *unused)
@@ -583,7 +586,7 @@ static PyMethodDef mod_methods[] = {
     {"_delivery_mode", mod_delivery_mode, METH_NOARGS,
      "'trace' or 'monitoring' (safe delivery), or 'async' (fallback)."},
     {"_anticipation", mod_anticipation, METH_NOARGS,
-     "(lead, switch interval) in seconds, as the watchdog plans with them."},
+     "(lead, switch interval, crowd) in seconds, as the watchdog plans with them."},
     {"_watchdog_running", mod_watchdog_running, METH_NOARGS, "Whether the watchdog runs."},
     {"_ensure_watchdog", mod_ensure_watchdog, METH_NOARGS,
      "Start the watchdog if an armed deadline needs it (after fork)."},

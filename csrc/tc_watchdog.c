@@ -26,6 +26,18 @@ static _Atomic int64_t g_wd_planned = 0;  /* when it means to wake next   */
 static _Atomic int g_wd_tid;              /* its kernel thread id         */
 static _Atomic int64_t g_lead = TC_SWITCH_DEFAULT_NS + TC_LEAD_MARGIN_NS;
 static _Atomic int64_t g_switch = TC_SWITCH_DEFAULT_NS;
+/* How much longer than one switch interval the watchdog has lately waited for
+ * the GIL ahead of a deadline (an average over the last ~8 waits, written by
+ * the watchdog only): ~0 in a quiet process, the queue in front of it in a
+ * crowded one.  The lead grows by it (refresh_switch_interval, at most
+ * TC_LEAD_CROWD_MAX_NS), so that the watchdog is at the deadline in time. */
+static _Atomic int64_t g_crowd_ns;
+
+static void wd_learn_crowd(int64_t waited)
+{
+    int64_t extra = waited - atomic_load(&g_switch), c = atomic_load(&g_crowd_ns);
+    atomic_store(&g_crowd_ns, c + ((extra > 0 ? extra : 0) - c) / 8);
+}
 
 static int wd_running(void) { return g_wd_running; }
 
@@ -217,7 +229,8 @@ static void refresh_switch_interval(void)
         sw = (int64_t)TC_FAST_SWITCH_US * 1000; /* what gil_take() waits */
         margin = TC_LEAD_MARGIN_FAST_NS;
     }
-    atomic_store(&g_lead, sw + margin);
+    int64_t crowd = atomic_load(&g_crowd_ns);
+    atomic_store(&g_lead, sw + margin + (crowd < TC_LEAD_CROWD_MAX_NS ? crowd : TC_LEAD_CROWD_MAX_NS));
     atomic_store(&g_switch, sw);
 }
 
@@ -412,6 +425,8 @@ static void *wd_main(void *arg)
             break;
         }
         int64_t t1 = now_ns();
+        if (ev.deadline != TC_NEVER)
+            wd_learn_crowd(t1 - t0);
         if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
             /* Early: pre-arm, and let the thread run on to fire its deadline
              * itself (tc_deliver.c: pre-armed slots); 3.12+ with a GIL only
