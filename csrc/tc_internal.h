@@ -46,12 +46,12 @@
 #define TC_SWITCH_DEFAULT_NS 5000000LL      /* CPython's default 5 ms        */
 #define TC_LEAD_MARGIN_NS 1000000LL         /* lead = switch + 1 ms          */
 #define TC_FAST_SWITCH_US 200UL             /* the fast window's interval    */
-/* With it: lead = 200 us + the margin.  Where the watchdog pre-arms
- * (TC_PREARM, below) it takes the GIL only for a moment, so the lead can be
- * generous: a watchdog woken late or kept waiting for the GIL (measured: a
- * sixth of the trials with 300 us, on 2 loaded cores) still pre-arms in
- * time.  Where it holds the GIL up to the deadline, the margin is a stall
- * of the whole process, kept short. */
+/* With it: lead = 200 us + the margin.  Pre-arming (below) takes the GIL only
+ * for a moment, so the lead can be generous: a watchdog woken late or kept
+ * waiting for the GIL (measured: a sixth of the trials with 300 us, on 2
+ * loaded cores) still pre-arms in time.  Where it holds the GIL up to the
+ * deadline instead (3.12+, crowded) the early part is a stall of the whole
+ * process, but there the GIL rarely comes early. */
 #define TC_LEAD_MARGIN_FAST_NS 800000LL
 /* ... plus, in a crowded process, how much longer the watchdog has lately
  * waited for the GIL (tc_watchdog.c: g_crowd_ns), up to this much. */
@@ -88,7 +88,6 @@
  * GIL, alternated runs).  So there the watchdog pre-arms only when the GIL
  * came within TC_PREARM_QUIET_NS (nobody else queued for it), and holds it
  * up to the deadline otherwise. */
-#define TC_PREARM 1
 #define TC_PREARM_ALWAYS (TC_HOOK_TRACE || TC_FREE_THREADED)
 #define TC_PREARM_QUIET_NS 400000LL
 /* The watchdog fires a pre-armed slot itself only this long after its

@@ -29,8 +29,9 @@ static _Atomic int64_t g_switch = TC_SWITCH_DEFAULT_NS;
 /* How much longer than one switch interval the watchdog has lately waited for
  * the GIL ahead of a deadline (an average over the last ~8 waits, written by
  * the watchdog only): ~0 in a quiet process, the queue in front of it in a
- * crowded one.  The lead grows by it (refresh_switch_interval, at most
- * TC_LEAD_CROWD_MAX_NS), so that the watchdog is at the deadline in time. */
+ * crowded one.  With a GIL the lead grows by it (refresh_switch_interval, at
+ * most TC_LEAD_CROWD_MAX_NS), so that the watchdog is at the deadline in
+ * time; free-threaded there is no lead, and it is only reported. */
 static _Atomic int64_t g_crowd_ns;
 
 static void wd_learn_crowd(int64_t waited)
@@ -251,15 +252,15 @@ static void refresh_switch_interval(void)
  * (benchmarks/bench_contention.py: pool throughput).  Watchdog thread only;
  * g_fast_flag lets a claiming scope wake it to close the window at once. */
 static int g_fast_on;               /* watchdog thread only                */
+static unsigned long g_fast_saved;  /* the interval to put back            */
+static int64_t g_fast_since;        /* when it was lowered                 */
+static _Atomic int g_fast_flag;     /* g_fast_on, for other threads        */
 /* Threads that took the GIL back for work that must not wait a whole switch
  * interval (wd_urgent_begin) keep the window open until they are done
  * (wd_urgent_end), or at most until g_urgent_until. */
 static _Atomic int g_urgent_n;
 static _Atomic int64_t g_urgent_until;
-static _Thread_local int t_urgent;
-static unsigned long g_fast_saved;  /* the interval to put back            */
-static int64_t g_fast_since;        /* when it was lowered                 */
-static _Atomic int g_fast_flag;     /* g_fast_on, for other threads        */
+static _Thread_local int t_urgent;  /* this thread is one of them          */
 
 static void fast_enter(void)
 {
@@ -340,7 +341,7 @@ static void gil_take(PyThreadState *ts)
 static int wd_prearm(tc_slot *s, uint64_t gen)
 {
     int ok = 0;
-    if (!TC_PREARM || g_hook_mode == HOOK_NONE)
+    if (g_hook_mode == HOOK_NONE)
         return 0;
     TC_CORE_BEGIN();
     if (s->alive && atomic_load(&s->gen) == gen && atomic_load(&s->state) == SLOT_ARMED &&

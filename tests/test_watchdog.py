@@ -26,10 +26,10 @@ def _core():  # type: ignore[no-untyped-def]
 with_gil = pytest.mark.skipif(FREE_THREADED, reason="no GIL: no switch interval to lower")
 
 
-#: Where the watchdog pre-arms the hook ahead of a deadline (csrc/tc_internal.h:
-#: TC_PREARM): always with 3.11's per-thread tracer and free-threaded; 3.12+ with a GIL
-#: only when the GIL came quickly, as it does in these tests' otherwise quiet process.
-#: Where a crowded process makes the watchdog hold the GIL up to the deadline instead.
+#: The watchdog pre-arms the hook ahead of a deadline always with 3.11's per-thread tracer
+#: and free-threaded, and on 3.12+ with a GIL only when the GIL came quickly, as it does in
+#: these tests' otherwise quiet process; a crowded process makes it hold the GIL up to the
+#: deadline there instead (csrc/tc_internal.h: TC_PREARM_ALWAYS, TC_PREARM_QUIET_NS).
 PREARM_IF_QUIET = sys.version_info >= (3, 12) and not FREE_THREADED
 #: ... and how early: the GIL anticipation's lead, or 10 ms (free-threaded).
 PREARM_LEAD = 0.010 if FREE_THREADED else 200e-6 + 800e-6
