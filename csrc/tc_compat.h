@@ -186,6 +186,23 @@ static inline PyThreadState *tc_find_tstate(unsigned long ident)
 #define TC_JUMP_RAISE_BROKEN 0
 #endif
 
+/* -- Pre-arming with sys.monitoring and a GIL (3.12+) -------------------------
+ * A thread whose pre-armed deadline it fires itself in the JUMP callback of a
+ * loop's back-edge raises right there.  On 3.13.0 that exception left the
+ * frame past its handlers -- `with lock: with thread_deadline(...): while
+ * True: pass` (and a `for` loop) let the raw interrupt escape the scope's
+ * __exit__ and the lock's, in 5 of 5 trials (tests/test_integrity.py:
+ * test_a_loop_stopped_at_its_back_edge_runs_every_exit), kin to
+ * cpython#130279 -- while the same raise after the watchdog's fire did not.
+ * 3.12.1 and 3.14.7 pass the same tests.  So 3.13 is not pre-armed (its later
+ * patch releases untested here; the watchdog holds the GIL instead, as it
+ * does everywhere in a crowded process). */
+#if PY_VERSION_HEX >= 0x030D0000 && PY_VERSION_HEX < 0x030E0000
+#define TC_PREARM_WHEN_QUIET 0
+#else
+#define TC_PREARM_WHEN_QUIET 1
+#endif
+
 /* -- Instructions where raising would skip a with-exit ----------------------
  * A line boundary is a safe place to raise, except two kinds of line starts
  * that belong to a with statement's exit: the normal exit's call of

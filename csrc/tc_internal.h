@@ -86,7 +86,8 @@
  * every thread (4 CPU-bound workers, a deadline firing every 4th task:
  * 0.71x the throughput without deadlines against 0.79x when holding the
  * GIL, alternated runs).  So there the watchdog pre-arms only when the GIL
- * came within TC_PREARM_QUIET_NS (nobody else queued for it), and holds it
+ * came within TC_PREARM_QUIET_NS (nobody else queued for it; never on 3.13,
+ * tc_compat.h: TC_PREARM_WHEN_QUIET), and holds it
  * up to the deadline otherwise. */
 #define TC_PREARM_ALWAYS (TC_HOOK_TRACE || TC_FREE_THREADED)
 #define TC_PREARM_QUIET_NS 400000LL

@@ -431,8 +431,10 @@ static void *wd_main(void *arg)
         if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
             /* Early: pre-arm, and let the thread run on to fire its deadline
              * itself (tc_deliver.c: pre-armed slots); 3.12+ with a GIL only
-             * if the GIL came quickly (tc_internal.h: TC_PREARM_QUIET_NS). */
-            if ((TC_PREARM_ALWAYS || t1 - t0 < TC_PREARM_QUIET_NS) && wd_prearm(ev.slot, ev.gen)) {
+             * if the GIL came quickly (tc_internal.h: TC_PREARM_QUIET_NS), and
+             * not on 3.13 (tc_compat.h: TC_PREARM_WHEN_QUIET). */
+            if ((TC_PREARM_ALWAYS || (TC_PREARM_WHEN_QUIET && t1 - t0 < TC_PREARM_QUIET_NS)) &&
+                wd_prearm(ev.slot, ev.gen)) {
                 refresh_switch_interval();
                 ts = PyEval_SaveThread();
                 continue;

@@ -31,6 +31,9 @@ with_gil = pytest.mark.skipif(FREE_THREADED, reason="no GIL: no switch interval 
 #: these tests' otherwise quiet process; a crowded process makes it hold the GIL up to the
 #: deadline there instead (csrc/tc_internal.h: TC_PREARM_ALWAYS, TC_PREARM_QUIET_NS).
 PREARM_IF_QUIET = sys.version_info >= (3, 12) and not FREE_THREADED
+#: ... except on 3.13, whose back-edge raise from the pre-armed hook escaped the block
+#: (csrc/tc_compat.h: TC_PREARM_WHEN_QUIET): there the watchdog always holds the GIL.
+PREARMS = not (PREARM_IF_QUIET and sys.version_info[:2] == (3, 13))
 #: ... and how early: the GIL anticipation's lead, or 10 ms (free-threaded).
 PREARM_LEAD = 0.010 if FREE_THREADED else 200e-6 + 800e-6
 
@@ -249,6 +252,7 @@ def _stats() -> dict[str, int]:
     return _native.stats()
 
 
+@pytest.mark.skipif(not PREARMS, reason="3.13: the watchdog holds the GIL instead")
 def test_a_prearmed_thread_fires_its_own_deadline() -> None:
     """Ahead of the deadline the watchdog arms the hook and lets the thread run on; the
     thread fires the deadline itself at its first line past it, waiting neither for the
@@ -267,6 +271,7 @@ def test_a_prearmed_thread_fires_its_own_deadline() -> None:
     assert after["hooked_now"] == 0
 
 
+@pytest.mark.skipif(not PREARMS, reason="3.13: the watchdog holds the GIL instead")
 def test_a_block_that_ends_after_the_prearm_leaves_no_hook_armed() -> None:
     """A block that ends between the pre-arm and its deadline takes the armed hook back
     at its exit (it would otherwise slow the thread, and on 3.12+ every thread, from then
