@@ -23,8 +23,9 @@
  *     making a frame object (an address compared, never dereferenced).
  *   - the GIL state's switch interval, mutex and condition variable (via
  *     tc_gil.c): the watchdog, without the GIL (see "the fast window" below).
- * Private functions: _PyEval_SetTrace (3.11 only), _PyEval_RequestCodeExtraIndex / _PyCode_Get/SetExtra (3.11;
- * PyUnstable_ from 3.12), see below.
+ * Private functions: _PyEval_SetTrace (3.11 only),
+ * _PyEval_RequestCodeExtraIndex / _PyCode_Get/SetExtra (3.11; PyUnstable_
+ * from 3.12), see below.
  */
 #ifndef TC_COMPAT_H
 #define TC_COMPAT_H

@@ -574,10 +574,7 @@ def wait_readable(fd: int, timeout: float) -> bool:
         raise ValueError("wait_readable(): timeout must be 0 to 86400 s")
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    try:
-        return bool(poller.poll(math.ceil(timeout * 1e3)))
-    except InterruptedError:  # pragma: no cover - PEP 475 retries it
-        return False
+    return bool(poller.poll(math.ceil(timeout * 1e3)))  # PEP 475 retries EINTR
 
 
 def shield() -> Shield:
