@@ -194,6 +194,27 @@ static int slot_fire(tc_slot *s, int64_t now, int local); /* tc_slot.c */
  * its kick.  Whoever is first fires (the state moves to INJECTED under the
  * GIL / core lock); the other finds nothing to do. */
 
+/* How long switching the delivery events lately took: a maximum that decays
+ * by an eighth a switch.  Free-threaded, each switch stops the world, and
+ * the watchdog pre-arms twice that long ahead of a deadline (prearm_lead),
+ * so that the stop is over -- and the guarded thread runs again -- before
+ * the deadline; with a GIL a switch is cheap and only reported.  Written by
+ * whoever switched (a lost update between two of them only costs one
+ * sample). */
+static _Atomic int64_t g_events_cost_ns;
+
+/* How long before a deadline the watchdog arms the hook (free-threaded). */
+static int64_t prearm_lead(void)
+{
+#if TC_FREE_THREADED
+    int64_t lead = 2 * atomic_load(&g_events_cost_ns);
+    return lead < TC_PREARM_LEAD_MIN_NS ? TC_PREARM_LEAD_MIN_NS
+           : lead > TC_PREARM_LEAD_MAX_NS ? TC_PREARM_LEAD_MAX_NS : lead;
+#else
+    return 0;
+#endif
+}
+
 /* The hook's test, any thread, no lock: pre-armed and due? */
 static inline int prearm_due(tc_slot *s)
 {
@@ -376,7 +397,12 @@ static void hook_nudge(tc_slot *s, PyThreadState *t)
     s->op_frame = (PyObject *)f; /* the reference moves here */
 }
 
-static int64_t hook_idle_off_at(void) { return TC_NEVER; }
+static int64_t hook_idle_off_at(int64_t next_event, int64_t now)
+{
+    (void)next_event;
+    (void)now;
+    return TC_NEVER;
+}
 static void hook_idle_off(int64_t now) { (void)now; }
 
 static int hook_setup(void)
@@ -398,9 +424,18 @@ static int g_tool = -1;              /* our tool id                         */
 static long g_events;                /* LINE | JUMP                         */
 static _Atomic int g_armed;          /* threads with the hook armed         */
 
+static void events_learn(int64_t took) /* g_events_cost_ns, above */
+{
+    int64_t c = atomic_load(&g_events_cost_ns);
+    c -= c / 8;
+    atomic_store(&g_events_cost_ns, took > c ? took : c);
+}
+
 static int set_events(long mask)
 {
+    int64_t t0 = now_ns();
     PyObject *r = PyObject_CallFunction(g_set_events, "il", g_tool, mask);
+    events_learn(now_ns() - t0);
     if (r == NULL) {
         PyErr_Clear();
         return -1;
@@ -477,12 +512,21 @@ static void hook_disarm(tc_slot *s, PyThreadState *t)
 #endif
 }
 
-/* When the watchdog should switch idle events off (TC_NEVER: nothing to do).
- * Any thread, no lock. */
-static int64_t hook_idle_off_at(void)
+/* When the watchdog should switch idle events off (TC_NEVER: nothing to do),
+ * given when it next has something to do: if that comes within the hold or
+ * within one pre-arm lead of the switch-off, the events stay on for it --
+ * off and on again would be two stops of the world for nothing.  Any
+ * thread, no lock. */
+static int64_t hook_idle_off_at(int64_t next_event, int64_t now)
 {
-    int64_t idle = atomic_load(&g_events_idle_at);
-    return idle != 0 ? idle + TC_EVENTS_HOLD_NS : TC_NEVER;
+    int64_t idle = atomic_load(&g_events_idle_at), lead = prearm_lead();
+    if (idle == 0)
+        return TC_NEVER;
+    int64_t off = idle + TC_EVENTS_HOLD_NS;
+    if (next_event != TC_NEVER &&
+        next_event - (off > now ? off : now) < (lead > TC_EVENTS_HOLD_NS ? lead : TC_EVENTS_HOLD_NS))
+        return TC_NEVER;
+    return off;
 }
 
 /* Watchdog, attached, holding no lock of ours: switch the events off if no

@@ -96,16 +96,22 @@
  * does not (blocked in C, or waiting for a CPU) gets the watchdog's fire and
  * kick. */
 #define TC_PREARM_GRACE_NS 100000LL
-/* Free-threaded: how long before a deadline the watchdog arms the hook.
- * Arming switches sys.monitoring events on, which stops the world; on a busy
- * machine a stop waits until every running thread has been scheduled (2-6
- * ms measured with 3 spinning threads on 2 cores), so it must be over by the
- * deadline.  (With a GIL the lead is the GIL anticipation's.) */
-#if TC_FREE_THREADED
-#define TC_PREARM_LEAD_NS 10000000LL
-#else
-#define TC_PREARM_LEAD_NS 0LL
-#endif
+/* Free-threaded: how long before a deadline the watchdog arms the hook
+ * (tc_deliver.c: prearm_lead).  Arming switches sys.monitoring events on,
+ * which stops the world, and a stop holds every thread -- the guarded one
+ * too -- until each running thread has reached a safe point; on an
+ * oversubscribed machine that waits for the OS to schedule each busy thread
+ * (2 cores, 3 spinning threads: 1.3-14 ms a stop, in steps of the 4 ms
+ * scheduler tick).  So it must be over well before the deadline: the lead is
+ * twice the longest recent stop, between these bounds.  (With a GIL the
+ * lead is the GIL anticipation's.) */
+#define TC_PREARM_LEAD_MIN_NS 10000000LL
+#define TC_PREARM_LEAD_MAX_NS 50000000LL
+
+/* Holding the GIL up to a deadline, the watchdog prepares the exception
+ * (tc_watchdog.c: wd_prepare) only if at least this long is left: building
+ * it takes up to ~0.1 ms when its code has gone cold. */
+#define TC_PREPARE_MIN_LEFT_NS 300000LL
 
 /* Argument bounds in seconds; the pure-Python engine checks the same. */
 #define TC_MAX_SECONDS 3.0e8

@@ -472,6 +472,18 @@ static PyObject *mod_anticipation(PyObject *m, PyObject *unused)
                          (double)atomic_load(&g_crowd_ns) / TC_NS_PER_S_F);
 }
 
+/* _events_cost() -> (prearm lead, switch cost) in seconds: how long before a
+ * deadline the watchdog arms the hook free-threaded (0 with a GIL), and how
+ * long switching the delivery events on or off lately took (tc_deliver.c:
+ * g_events_cost_ns; 0 on 3.11, which has no events to switch). */
+static PyObject *mod_events_cost(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    return Py_BuildValue("(dd)", (double)prearm_lead() / TC_NS_PER_S_F,
+                         (double)atomic_load(&g_events_cost_ns) / TC_NS_PER_S_F);
+}
+
 static PyObject *mod_watchdog_running_locked(PyObject *m, PyObject *unused)
 {
     (void)m;
@@ -587,6 +599,8 @@ static PyMethodDef mod_methods[] = {
      "'trace' or 'monitoring' (safe delivery), or 'async' (fallback)."},
     {"_anticipation", mod_anticipation, METH_NOARGS,
      "(lead, switch interval, crowd) in seconds, as the watchdog plans with them."},
+    {"_events_cost", mod_events_cost, METH_NOARGS,
+     "(pre-arm lead, recent cost of switching delivery events) in seconds."},
     {"_watchdog_running", mod_watchdog_running, METH_NOARGS, "Whether the watchdog runs."},
     {"_ensure_watchdog", mod_ensure_watchdog, METH_NOARGS,
      "Start the watchdog if an armed deadline needs it (after fork)."},

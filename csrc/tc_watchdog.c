@@ -53,7 +53,7 @@ static void wd_wake(void)
 static void wd_notify(int64_t deadline)
 {
     if (deadline != TC_NEVER &&
-        deadline - atomic_load(&g_lead) - TC_PREARM_LEAD_NS < atomic_load(&g_wd_planned))
+        deadline - atomic_load(&g_lead) - prearm_lead() < atomic_load(&g_wd_planned))
         wd_wake();
 }
 
@@ -73,7 +73,7 @@ static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadl
     *deadline_out = d;
     if (st == SLOT_ARMED && d != TC_NEVER)
         return atomic_load(&s->prearmed) ? d + TC_PREARM_GRACE_NS /* wd_prearm */
-                                         : d - lead - TC_PREARM_LEAD_NS;
+                                         : d - lead - prearm_lead();
     if (st == SLOT_INJECTED)
         return atomic_load(&s->reinject_at);
     return TC_NEVER;
@@ -397,7 +397,7 @@ static void *wd_main(void *arg)
             fast_until = fu2;
         if (atomic_load(&g_urgent_n) > 0 && (fu2 = atomic_load(&g_urgent_until)) > fast_until)
             fast_until = fu2;
-        int64_t t0 = now_ns(), off_at = hook_idle_off_at();
+        int64_t t0 = now_ns(), off_at = hook_idle_off_at(ev.at, t0);
         if (off_at <= t0) { /* free-threaded: idle delivery events go (tc_deliver.c) */
             PyEval_RestoreThread(ts);
             hook_idle_off(t0);
