@@ -151,6 +151,18 @@ static inline PyThreadState *tc_find_tstate(unsigned long ident)
     return NULL;
 }
 
+/* Attribute `name` of `o`, or NULL without an error if it has none: 1, 0,
+ * or -1 with the error set (PyObject_GetOptionalAttr is 3.13+; before, the
+ * same function was _PyObject_LookupAttr). */
+static inline int tc_optional_attr(PyObject *o, PyObject *name, PyObject **result)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyObject_GetOptionalAttr(o, name, result);
+#else
+    return _PyObject_LookupAttr(o, name, result);
+#endif
+}
+
 /* -- The delivery hook: how a fired interrupt reaches a line boundary -------
  * The interrupt is raised by a hook that runs in the guarded thread at its
  * next line boundary (tc_deliver.c), armed only while a delivery is pending.
@@ -175,12 +187,15 @@ static inline PyThreadState *tc_find_tstate(unsigned long ident)
  * instruction offset (the destination is recomputed after next_instr was
  * cleared), so the exception leaves the frame past its handlers: measured on
  * 3.12.1, `with lock: with thread_deadline(...): while True: pass` let the
- * raw interrupt escape the scope's __exit__ (5 of 5; 3.13.0, 3.13.15 and
- * 3.14.7 handle it right).  There the JUMP callback does not raise: having
- * decided, it makes the interrupt an asynchronous exception of its own
- * thread, which INSTRUMENTED_JUMP_BACKWARD's breaker check -- right after
- * the callback -- raises at the jump, inside the loop's handlers
- * (tests/test_integrity.py). */
+ * raw interrupt escape the scope's __exit__ (5 of 5).  There the JUMP
+ * callback does not raise: having decided, it makes the interrupt an
+ * asynchronous exception of its own thread, which INSTRUMENTED_JUMP_BACKWARD's
+ * breaker check -- right after the callback -- raises at the jump, inside the
+ * loop's handlers (tests/test_integrity.py).  3.13 has the same bug until
+ * 3.13.15 (gh-152375), but there the breaker check comes before the callback,
+ * so an asynchronous exception would wait for the next check -- after the
+ * loop, if it ends -- and the callback raises as on 3.14; see pre-arming
+ * below for what that costs on 3.13.0-3.13.14. */
 #if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
 #define TC_JUMP_RAISE_BROKEN 1
 #else
@@ -188,21 +203,25 @@ static inline PyThreadState *tc_find_tstate(unsigned long ident)
 #endif
 
 /* -- Pre-arming with sys.monitoring and a GIL (3.12+) -------------------------
- * A thread whose pre-armed deadline it fires itself in the JUMP callback of a
- * loop's back-edge raises right there.  On 3.13.0 that exception left the
- * frame past its handlers -- `with lock: with thread_deadline(...): while
- * True: pass` (and a `for` loop) let the raw interrupt escape the scope's
- * __exit__ and the lock's, in 5 of 5 trials (tests/test_integrity.py:
- * test_a_loop_stopped_at_its_back_edge_runs_every_exit), kin to
- * cpython#130279 -- while the same raise after the watchdog's fire did not.
- * 3.12.1 and 3.14.7 pass the same tests.  So 3.13 is not pre-armed (its later
- * patch releases untested here; the watchdog holds the GIL instead, as it
- * does everywhere in a crowded process). */
+ * A thread that fires its own pre-armed deadline does so at its first event
+ * past it, in a loop at a back-edge's JUMP callback, and raises right there.
+ * On 3.13.0-3.13.14 that exception left the frame past its handlers (the JUMP
+ * bug above, gh-152375): `with lock: with thread_deadline(...): while True:
+ * pass` (and a `for` loop) let the raw interrupt escape the scope's __exit__
+ * and the lock's (tests/test_integrity.py: measured on 3.13.0 and 3.13.5;
+ * 3.13.5 with only that fix passes, and so does 3.13.15).  So 3.13 before
+ * 3.13.15 is not pre-armed: the watchdog holds the GIL up to the deadline, as
+ * it does everywhere in a crowded process.  Decided by the running
+ * interpreter (Py_Version), not by the headers: a wheel built against
+ * 3.13.15 may run on 3.13.0. */
+static inline int tc_prearm_when_quiet(void)
+{
 #if PY_VERSION_HEX >= 0x030D0000 && PY_VERSION_HEX < 0x030E0000
-#define TC_PREARM_WHEN_QUIET 0
+    return Py_Version >= 0x030D0FF0;
 #else
-#define TC_PREARM_WHEN_QUIET 1
+    return 1;
 #endif
+}
 
 /* -- Instructions where raising would skip a with-exit ----------------------
  * A line boundary is a safe place to raise, except two kinds of line starts

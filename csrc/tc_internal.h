@@ -86,9 +86,9 @@
  * every thread (4 CPU-bound workers, a deadline firing every 4th task:
  * 0.71x the throughput without deadlines against 0.79x when holding the
  * GIL, alternated runs).  So there the watchdog pre-arms only when the GIL
- * came within TC_PREARM_QUIET_NS (nobody else queued for it; never on 3.13,
- * tc_compat.h: TC_PREARM_WHEN_QUIET), and holds it
- * up to the deadline otherwise. */
+ * came within TC_PREARM_QUIET_NS (nobody else queued for it; on 3.13 only
+ * from 3.13.15 on, tc_compat.h: tc_prearm_when_quiet), and holds it up to the
+ * deadline otherwise. */
 #define TC_PREARM_ALWAYS (TC_HOOK_TRACE || TC_FREE_THREADED)
 #define TC_PREARM_QUIET_NS 400000LL
 /* The watchdog fires a pre-armed slot itself only this long after its
@@ -236,6 +236,8 @@ typedef struct Scope {
     int64_t delivered_at;  /* ns when the interrupt surfaced in the body  */
     int64_t deferred_ns;   /* time its delivery waited for protected code */
     PyObject *deferred_where; /* "file:line in function" that held it     */
+    PyObject *prepared;    /* its DeadlineExceeded, built by the watchdog
+                              ahead of the deadline (wd_prepare), or NULL */
 } Scope;
 
 static inline Scope *as_scope(PyObject *o) { return (Scope *)o; }
@@ -262,7 +264,7 @@ static struct {
     _Atomic uint64_t slots_live, timers_live, fires, reinjections, kicks, signals_seen,
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
-        rewait_errors, gil_holds;
+        rewait_errors, gil_holds, prepared;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

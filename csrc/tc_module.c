@@ -612,17 +612,27 @@ static PyMethodDef mod_methods[] = {
 /* ------------------------------------------------------------------------ */
 /* fork                                                                     */
 
-static void atfork_prepare(void) { pthread_mutex_lock(&g_mu); }
-static void atfork_parent(void) { pthread_mutex_unlock(&g_mu); }
+static void atfork_prepare(void)
+{
+    pthread_mutex_lock(&g_mu);
+    pthread_mutex_lock(&g_fast_mu); /* never held together with g_mu elsewhere */
+}
+
+static void atfork_parent(void)
+{
+    pthread_mutex_unlock(&g_fast_mu);
+    pthread_mutex_unlock(&g_mu);
+}
 
 /* In the child, right after fork(), where only the forking thread exists:
  * the watchdog and every other thread are gone, and so are the parent's
- * kernel timers (they are not inherited).  g_mu was taken by this same
- * thread in atfork_prepare, so unlocking it is valid; besides that, only
+ * kernel timers (they are not inherited).  g_mu and g_fast_mu were taken by
+ * this same thread in atfork_prepare, so unlocking them is valid; besides that, only
  * raw syscalls and plain stores.  (Python-level work -- restarting the
  * watchdog -- is done later by _ensure_watchdog from os.register_at_fork.) */
 static void atfork_child(void)
 {
+    pthread_mutex_unlock(&g_fast_mu);
     pthread_mutex_unlock(&g_mu);
     wd_forget_after_fork();
     atomic_store(&g_st.timers_live, 0);
@@ -731,6 +741,7 @@ void tc_get_stats(struct tc_stats *o)
     o->fast_windows = atomic_load(&g_st.fast_windows);
     o->rewait_errors = atomic_load(&g_st.rewait_errors);
     o->gil_holds = atomic_load(&g_st.gil_holds);
+    o->prepared = atomic_load(&g_st.prepared);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

@@ -136,6 +136,7 @@ struct tc_stats {
     uint64_t hooked_now;       /* threads whose delivery hook is armed now  */
     uint64_t rewait_errors;    /* GIL waiters not woken at a window (errno) */
     uint64_t gil_holds;        /* GIL held up to a deadline, not pre-armed  */
+    uint64_t prepared;         /* exceptions built by the watchdog ahead    */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

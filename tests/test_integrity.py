@@ -585,7 +585,9 @@ def _loop_with_lock(shape: str, lock: threading.Lock) -> str:
 def test_a_loop_stopped_at_its_back_edge_runs_every_exit(shape: str) -> None:
     """3.12 mishandles an exception raised from a sys.monitoring JUMP callback (it left
     the frame past the scope's __exit__); there the hook raises through the jump's own
-    eval-breaker check instead (csrc/tc_compat.h: TC_JUMP_RAISE_BROKEN)."""
+    eval-breaker check instead (csrc/tc_compat.h: TC_JUMP_RAISE_BROKEN). 3.13 before
+    3.13.15 has the same bug (gh-152375), which a thread firing its own pre-armed deadline
+    at a back-edge meets every time: it is not pre-armed there."""
     lock = threading.Lock()
     for _ in range(5):
         assert _loop_with_lock(shape, lock) == "stopped"

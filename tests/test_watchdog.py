@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FREE_THREADED, LATE, burn
@@ -31,10 +32,12 @@ with_gil = pytest.mark.skipif(FREE_THREADED, reason="no GIL: no switch interval 
 #: these tests' otherwise quiet process; a crowded process makes it hold the GIL up to the
 #: deadline there instead (csrc/tc_internal.h: TC_PREARM_ALWAYS, TC_PREARM_QUIET_NS).
 PREARM_IF_QUIET = sys.version_info >= (3, 12) and not FREE_THREADED
-#: ... except on 3.13, whose back-edge raise from the pre-armed hook escaped the block
-#: (csrc/tc_compat.h: TC_PREARM_WHEN_QUIET): there the watchdog always holds the GIL.
-PREARMS = not (PREARM_IF_QUIET and sys.version_info[:2] == (3, 13))
-#: ... and how early: the GIL anticipation's lead, or 10 ms (free-threaded).
+#: ... except on 3.13 before 3.13.15, whose back-edge raise from the pre-armed hook escaped
+#: the block (gh-152375; csrc/tc_compat.h: tc_prearm_when_quiet): there the watchdog always
+#: holds the GIL.
+PREARMS = not (PREARM_IF_QUIET and (3, 13) <= sys.version_info < (3, 13, 15))
+#: ... and how early: the GIL anticipation's lead, or free-threaded at least 10 ms (twice the
+#: recent cost of switching the delivery events on, which stops the world).
 PREARM_LEAD = 0.010 if FREE_THREADED else 200e-6 + 800e-6
 
 
@@ -252,7 +255,7 @@ def _stats() -> dict[str, int]:
     return _native.stats()
 
 
-@pytest.mark.skipif(not PREARMS, reason="3.13: the watchdog holds the GIL instead")
+@pytest.mark.skipif(not PREARMS, reason="3.13 before 3.13.15: the watchdog holds the GIL")
 def test_a_prearmed_thread_fires_its_own_deadline() -> None:
     """Ahead of the deadline the watchdog arms the hook and lets the thread run on; the
     thread fires the deadline itself at its first line past it, waiting neither for the
@@ -271,7 +274,7 @@ def test_a_prearmed_thread_fires_its_own_deadline() -> None:
     assert after["hooked_now"] == 0
 
 
-@pytest.mark.skipif(not PREARMS, reason="3.13: the watchdog holds the GIL instead")
+@pytest.mark.skipif(not PREARMS, reason="3.13 before 3.13.15: the watchdog holds the GIL")
 def test_a_block_that_ends_after_the_prearm_leaves_no_hook_armed() -> None:
     """A block that ends between the pre-arm and its deadline takes the armed hook back
     at its exit (it would otherwise slow the thread, and on 3.12+ every thread, from then
@@ -295,6 +298,80 @@ def test_a_block_that_ends_after_the_prearm_leaves_no_hook_armed() -> None:
 def _spin_until(t: float) -> None:
     while time.monotonic() < t:
         pass
+
+
+def test_the_watchdog_prepares_the_exception_and_the_exit_takes_its_figures_again() -> None:
+    """Ahead of a deadline the watchdog builds the scope's DeadlineExceeded (built at the
+    exit, after a long spin, its code is cold); the exit runs its constructor again, so the
+    block gets what a new one says of the exited scope, never the figures of the moment it
+    was prepared. (Free-threaded it is not prepared, and the exit builds it.)"""
+    before = _stats()
+    for _ in range(5):
+        scope = timeoutcore.thread_deadline(0.03, label="prepared")
+        with pytest.raises(DeadlineExceeded) as info:
+            with scope:
+                burn(5)
+        e, fresh = info.value, DeadlineExceeded(scope)
+        assert type(e) is DeadlineExceeded and e.scope is scope
+        assert (str(e), e.label, e.limit, e.elapsed, e.overshoot) == (
+            str(fresh), "prepared", 0.03, fresh.elapsed, fresh.overshoot)
+        assert scope._prepared is None  # taken by the exit
+    after = _stats()
+    if FREE_THREADED:  # it never prepares there (csrc/tc_watchdog.c: wd_main)
+        assert after["prepared"] == before["prepared"], (before, after)
+    else:
+        assert after["prepared"] > before["prepared"], (before, after)
+
+
+@pytest.mark.skipif(not PREARMS, reason="3.13 before 3.13.15: the GIL is held from the prepare on")
+@with_gil
+def test_a_prepared_exception_follows_a_reschedule_and_a_cancel() -> None:
+    """A reschedule (and so a cancel) drops what the watchdog prepared for the old
+    deadline; and a scope found cancelled at its exit gets a DeadlineCancelled, never the
+    prepared DeadlineExceeded -- the state a cancel() leaves when it meets the exit between
+    setting its flag and its reschedule, set here by hand. (A trial whose deadline comes
+    before the prepare is seen, on a loaded machine, proves nothing and is not counted.)"""
+    dropped = reported = 0
+    for trial in range(60):
+        scope = timeoutcore.thread_deadline(0.02)
+        scope_any: Any = scope
+        try:
+            with scope:
+                while scope._prepared is None:
+                    pass
+                if trial % 2:
+                    scope.reschedule(time.monotonic() + 0.02)
+                    dropped += scope._prepared is None
+                    scope.reschedule(time.monotonic())  # fire now
+                else:
+                    scope_any._cancelled = True
+                burn(5)
+        except DeadlineExceeded as e:
+            if getattr(scope, "_cancelled", False):
+                assert type(e) is timeoutcore.DeadlineCancelled, type(e)
+                reported += 1
+        if reported >= 5 and dropped >= 5:
+            break
+    assert reported >= 5 and dropped >= 5, (dropped, reported)
+
+
+def test_the_prearm_lead_follows_the_cost_of_switching_events() -> None:
+    """Free-threaded, the watchdog pre-arms twice the recent cost of switching the
+    delivery events on (a stop of the world) ahead, 10 to 50 ms; with a GIL it pre-arms
+    within the GIL anticipation (0 here). 3.12+ measure the switch: after a deadline
+    fired it is not 0."""
+    with pytest.raises(DeadlineExceeded):
+        with timeoutcore.thread_deadline(0.01):
+            burn(5)
+    lead, cost = _core()._events_cost()
+    if FREE_THREADED:
+        assert lead == pytest.approx(min(max(2 * cost, 0.010), 0.050))
+    else:
+        assert lead == 0.0
+    if sys.version_info >= (3, 12):
+        assert cost > 0.0
+    else:
+        assert cost == 0.0  # 3.11's per-thread tracer has no events to switch
 
 
 # --- urgent GIL take-back (_wait_readable: the registry's subscriber) -----------------------
