@@ -520,7 +520,7 @@ static void hook_disarm(tc_slot *s, PyThreadState *t)
 static int64_t hook_idle_off_at(int64_t next_event, int64_t now)
 {
     int64_t idle = atomic_load(&g_events_idle_at), lead = prearm_lead();
-    if (idle == 0)
+    if (idle == 0 || atomic_load(&g_armed) > 0) /* armed since: its disarm stamps it again */
         return TC_NEVER;
     int64_t off = idle + TC_EVENTS_HOLD_NS;
     if (next_event != TC_NEVER &&

@@ -428,8 +428,6 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     if (s->fired == self) {
         claimed = 1;
         slot_claim(s);
-        if (!fast_close_after_claim())
-            wd_wake(); /* it closes the fast window */
     }
     else if (atomic_load(&s->state) == SLOT_INJECTED && s->fired == NULL) {
         atomic_store(&s->state, SLOT_IDLE); /* a shielded or stale leftover */
@@ -443,6 +441,9 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
             slot_take_back(s);
     }
     slot_publish(s);
+    /* after the publish: an enclosing deadline that is due keeps the window */
+    if (claimed && !fast_close_after_claim())
+        wd_wake(); /* it closes the fast window */
     if (nargs > 1 && args[1] != Py_None) {
         Py_INCREF(args[1]);
         Py_XSETREF(sc->exit_exc, args[1]);

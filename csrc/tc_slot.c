@@ -66,6 +66,7 @@ static void scope_forget(Scope *sc)
     if (sc->exited == 0)
         sc->exited = now_ns();
     Py_CLEAR(sc->frame); /* the stack still holds a reference: no finalizer */
+    Py_CLEAR(sc->prepared); /* it holds the scope: a cycle, else */
     sc->iframe = NULL;
 }
 

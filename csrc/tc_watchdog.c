@@ -81,7 +81,8 @@ static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadl
 
 /* Earliest thing to do, and in *fast_until the latest moment a fired,
  * unclaimed interrupt keeps the fast window open (0: none).  Holds g_mu
- * briefly, never the GIL. */
+ * briefly; the watchdog calls it without the GIL, a claiming exit
+ * (fast_close_after_claim) with it. */
 static wd_event wd_plan(int64_t *fast_until)
 {
     wd_event ev = {NULL, 0, TC_NEVER, TC_NEVER};
@@ -249,8 +250,10 @@ static void refresh_switch_interval(void)
  * the window the user's value is back (unless they set one meanwhile: then
  * theirs stays), and it is put back when the watchdog stops (exit, fork).
  * Cost: more GIL switches for the whole process while a window is open
- * (benchmarks/bench_contention.py: pool throughput).  Watchdog thread only;
- * g_fast_flag lets a claiming scope wake it to close the window at once. */
+ * (benchmarks/bench_contention.py: pool throughput).  The watchdog opens and
+ * closes it; a scope's exit that claims its interrupt closes it too when
+ * nothing else needs it (fast_close_after_claim), so g_fast_mu guards its
+ * state, and g_fast_flag lets others look without the mutex. */
 static pthread_mutex_t g_fast_mu = PTHREAD_MUTEX_INITIALIZER; /* the next three */
 static int g_fast_on;
 static unsigned long g_fast_saved;  /* the interval to put back            */
@@ -323,17 +326,25 @@ static int fast_close_after_claim(void)
 {
     int64_t fast_until, now;
     wd_event ev;
+    int closed;
     if (!atomic_load(&g_fast_flag))
         return 1;
-    if (atomic_load(&g_wd_taking) || atomic_load(&g_urgent_n) > 0)
-        return 0;
     ev = wd_plan(&fast_until);
     now = now_ns();
     if (fast_until > now || ev.at <= now)
         return 0;
-    fast_leave();
+    /* g_wd_taking is set under g_fast_mu (gil_take): a take that starts
+     * after this keeps the window it opens. */
+    pthread_mutex_lock(&g_fast_mu);
+    closed = !atomic_load(&g_wd_taking) && atomic_load(&g_urgent_n) == 0;
+    if (closed)
+        fast_leave_locked();
+    pthread_mutex_unlock(&g_fast_mu);
+    if (!closed)
+        return 0;
     atomic_fetch_add(&g_wd_seq, 1);
-    return 1;
+    /* an urgent thread that came meanwhile: the woken watchdog opens it again */
+    return atomic_load(&g_urgent_n) == 0;
 }
 
 /* Without the GIL, any thread: open the fast window for this thread, which
@@ -371,8 +382,10 @@ static void wd_urgent_end(void)
 /* Take the GIL with the watchdog's thread state, inside the fast window. */
 static void gil_take(PyThreadState *ts)
 {
-    atomic_store(&g_wd_taking, 1); /* first: a claim meanwhile leaves the window to it */
-    fast_enter();
+    pthread_mutex_lock(&g_fast_mu);
+    atomic_store(&g_wd_taking, 1); /* a claim meanwhile leaves the window open */
+    fast_enter_locked();
+    pthread_mutex_unlock(&g_fast_mu);
     PyEval_RestoreThread(ts);
     atomic_store(&g_wd_taking, 0);
     STAT_INC(gil_takes);
@@ -516,11 +529,16 @@ static void *wd_main(void *arg)
             break;
         }
         int64_t t1 = now_ns();
-        /* The GIL came at once: nobody else is queued for it.  Only then does
-         * the watchdog prepare the exception (wd_prepare): that runs Python,
-         * which gives the GIL away when a waiter asks -- and a watchdog
-         * holding the GIL up to the deadline, or due to fire after a
-         * pre-arm's grace, must not then queue for it again.  Free-threaded
+        /* The GIL came at once (within a fast interval or two: at most the
+         * guarded thread was queued for it).  Only then, and with
+         * TC_PREPARE_MIN_LEFT_NS to spare, does the watchdog prepare the
+         * exception (wd_prepare): that runs Python, which gives the GIL away
+         * when a waiter has waited a whole interval -- in a crowded process
+         * the watchdog would then queue for it again behind every other
+         * thread; here at most the guarded thread runs meanwhile, before its
+         * deadline, and the watchdog retakes the GIL one fast interval later.
+         * (Running Python may also run a garbage collection, and with it
+         * finalizers, on the watchdog's thread.)  Free-threaded
          * it never prepares: measured with 3 spinning threads on 2 cores,
          * preparing made 1 delivery in 8 wait ~50 ms (cause not isolated;
          * the watchdog's Python work in a process where every stop of the
@@ -534,9 +552,19 @@ static void *wd_main(void *arg)
              * itself (tc_deliver.c: pre-armed slots); 3.12+ with a GIL only
              * if the GIL came quickly (tc_internal.h: TC_PREARM_QUIET_NS), and
              * on 3.13 from 3.13.15 on (tc_compat.h: tc_prearm_when_quiet). */
-            if ((TC_PREARM_ALWAYS || (quiet && tc_prearm_when_quiet())) &&
-                wd_prearm(ev.slot, ev.gen)) {
-                if (quiet)
+            int may_prearm = TC_PREARM_ALWAYS || (quiet && tc_prearm_when_quiet());
+#if TC_TRACK_FRAMES
+            /* 3.13: the thread will fire by itself, past wd_sweep's prune --
+             * drop the scopes whose exit was skipped first (a change bumps
+             * the slot's gen: the pre-arm below then declines). */
+            if (may_prearm) {
+                PyThreadState *t = tc_find_tstate(ev.slot->ident);
+                if (t != NULL && slot_prune_stale(ev.slot, PyThreadState_GetFrame(t)))
+                    slot_publish(ev.slot);
+            }
+#endif
+            if (may_prearm && wd_prearm(ev.slot, ev.gen)) {
+                if (quiet && ev.deadline - now_ns() > TC_PREPARE_MIN_LEFT_NS)
                     wd_prepare(ev.slot);
                 refresh_switch_interval();
                 ts = PyEval_SaveThread();
