@@ -441,9 +441,6 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
             slot_take_back(s);
     }
     slot_publish(s);
-    /* after the publish: an enclosing deadline that is due keeps the window */
-    if (claimed && !fast_close_after_claim())
-        wd_wake(); /* it closes the fast window */
     if (nargs > 1 && args[1] != Py_None) {
         Py_INCREF(args[1]);
         Py_XSETREF(sc->exit_exc, args[1]);
@@ -474,10 +471,20 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     }
     Py_DECREF(self); /* the slot's reference */
     if (claimed) {
-        if (!sc->raise_on_timeout)
-            Py_RETURN_TRUE;
-        raise_exceeded(self, in_flight, prepared);
-        return NULL;
+        PyObject *r = NULL;
+        if (sc->raise_on_timeout)
+            raise_exceeded(self, in_flight, prepared);
+        else
+            r = Py_NewRef(Py_True);
+        /* Last: the exception's construction runs Python, and a thread that
+         * gives the GIL away there (a waiter's drop request) must get it back
+         * within the window, not after a whole interval behind every busy
+         * thread (measured with 3 spinning threads, 3.11: an exit of 15 ms
+         * when the window closed at the claim).  After the publish, too: an
+         * enclosing deadline that is due keeps it. */
+        if (!fast_close_after_claim())
+            wd_wake(); /* it closes the fast window */
+        return r;
     }
     Py_RETURN_FALSE;
 }
