@@ -113,6 +113,15 @@
  * it takes up to ~0.1 ms when its code has gone cold. */
 #define TC_PREPARE_MIN_LEFT_NS 300000LL
 
+/* The watchdog's time slice (tc_os.c: os_short_slice).  On Linux 6.12+ a
+ * woken fair-class thread preempts the running one only if its slice is
+ * shorter; with the default slice, the watchdog woken at a deadline waited
+ * for a CPU behind the busy threads: free-threaded 3.14.7t, 3 spinning
+ * threads on 2 cores, its fire was p90 / p99 1.5-3.5 / 30-37 ms late, and
+ * 0.15 / 0.3-1.1 ms with this slice (it runs for microseconds at a time;
+ * with a GIL its wait is for the GIL, and nothing changed there). */
+#define TC_WD_SLICE_NS 100000ULL
+
 /* Argument bounds in seconds; the pure-Python engine checks the same. */
 #define TC_MAX_SECONDS 3.0e8
 #define TC_MAX_MONOTONIC 9.0e9

@@ -52,6 +52,40 @@ static void sleep_until(int64_t t)
         ;
 }
 
+/* -- Scheduling -------------------------------------------------------------- */
+
+/* The kernel's struct sched_attr (uapi linux/sched/types.h; glibc wraps
+ * neither it nor the calls before 2.41). */
+struct tc_sched_attr {
+    uint32_t size, sched_policy;
+    uint64_t sched_flags;
+    int32_t sched_nice;
+    uint32_t sched_priority;
+    uint64_t sched_runtime, sched_deadline, sched_period;
+    uint32_t sched_util_min, sched_util_max;
+};
+
+/* Ask for a time slice of `ns` for the calling thread, its policy and nice
+ * value kept (Linux 6.12+: a fair-class thread's sched_runtime is its slice,
+ * and a woken thread with a shorter slice than the running one preempts it;
+ * older kernels ignore it).  Only for the normal and batch policies.
+ * Returns 0, or an errno. */
+static int os_short_slice(uint64_t ns)
+{
+    struct tc_sched_attr a;
+    memset(&a, 0, sizeof a);
+    if (syscall(SYS_sched_getattr, 0, &a, sizeof a, 0) != 0)
+        return errno;
+    if (a.sched_policy != SCHED_OTHER && a.sched_policy != SCHED_BATCH)
+        return EPERM;
+    a.size = sizeof a;
+    a.sched_flags = 0;
+    a.sched_runtime = ns;
+    if (syscall(SYS_sched_setattr, 0, &a, 0) != 0)
+        return errno;
+    return 0;
+}
+
 /* -- The signal handler: async-signal-safe, tiny ----------------------------- */
 
 /* Its one purpose is to exist: installed without SA_RESTART, it makes the

@@ -475,6 +475,11 @@ static void *wd_main(void *arg)
 
     /* Precise wake-ups; failure only costs precision. */
     (void)prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    /* A short slice: woken at a deadline, it preempts a busy thread at once
+     * instead of waiting for the CPU behind it (tc_internal.h:
+     * TC_WD_SLICE_NS).  Failure (an old kernel ignores it; a sandbox may
+     * refuse it) only costs precision. */
+    (void)os_short_slice(TC_WD_SLICE_NS);
     atomic_store(&g_wd_tid, (int)syscall(SYS_gettid));
     gs = PyGILState_Ensure();
     ts = PyEval_SaveThread();

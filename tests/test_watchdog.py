@@ -355,6 +355,37 @@ def test_a_prepared_exception_follows_a_reschedule_and_a_cancel() -> None:
     assert reported >= 5 and dropped >= 5, (dropped, reported)
 
 
+def _slice_ns(tid: int) -> int | None:
+    """A thread's time slice from /proc (Linux 6.12+ with scheduler statistics), or None."""
+    try:
+        with open(f"/proc/{os.getpid()}/task/{tid}/sched", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("se.slice"):
+                    return int(line.split(":")[1])
+    except OSError:
+        pass
+    return None
+
+
+def test_the_watchdog_runs_with_a_short_time_slice() -> None:
+    """Woken at a deadline, the watchdog preempts a busy thread rather than waiting for a
+    CPU behind it: its slice is 100 us (csrc/tc_internal.h: TC_WD_SLICE_NS), shorter than
+    the default that the other threads keep."""
+    from timeoutcore import _native
+
+    if _slice_ns(threading.get_native_id()) is None:
+        pytest.skip("this kernel does not report time slices")
+    with timeoutcore.thread_deadline(10):
+        pass
+    give_up = time.monotonic() + 5  # the watchdog says who it is once it runs
+    while (wd := _native.watchdog_native_id()) == 0 or _slice_ns(wd) != 100_000:
+        if time.monotonic() > give_up:
+            break
+        time.sleep(0.001)
+    assert wd != 0 and _slice_ns(wd) == 100_000, (wd, _slice_ns(wd) if wd else None)
+    assert (_slice_ns(threading.get_native_id()) or 0) > 100_000
+
+
 def test_the_prearm_lead_follows_the_cost_of_switching_events() -> None:
     """Free-threaded, the watchdog pre-arms twice the recent cost of switching the
     delivery events on (a stop of the world) ahead, 10 to 50 ms; with a GIL it pre-arms
