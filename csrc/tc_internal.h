@@ -108,7 +108,7 @@
 #define TC_PREARM_LEAD_MIN_NS 10000000LL
 #define TC_PREARM_LEAD_MAX_NS 50000000LL
 
-/* Holding the GIL up to a deadline, the watchdog prepares the exception
+/* The watchdog prepares the exception
  * (tc_watchdog.c: wd_prepare) only if at least this long is left: building
  * it takes up to ~0.1 ms when its code has gone cold. */
 #define TC_PREPARE_MIN_LEFT_NS 300000LL

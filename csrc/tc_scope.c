@@ -626,25 +626,20 @@ static PyObject *Scope_get_deferred_locked(PyObject *self, void *c)
 }
 TC_LOCKED_2(PyObject *, Scope_get_deferred, PyObject *, void *)
 
+/* A new reference to `o`, or to None for NULL (the optional fields below). */
+static PyObject *ref_or_none(PyObject *o) { return Py_NewRef(o != NULL ? o : Py_None); }
+
 static PyObject *Scope_get_deferred_where_locked(PyObject *self, void *c)
 {
     (void)c;
-    PyObject *w = as_scope(self)->deferred_where;
-    if (w == NULL)
-        Py_RETURN_NONE;
-    Py_INCREF(w);
-    return w;
+    return ref_or_none(as_scope(self)->deferred_where);
 }
 TC_LOCKED_2(PyObject *, Scope_get_deferred_where, PyObject *, void *)
 
 static PyObject *Scope_get_prepared_locked(PyObject *self, void *c)
 {
     (void)c;
-    PyObject *e = as_scope(self)->prepared;
-    if (e == NULL)
-        Py_RETURN_NONE;
-    Py_INCREF(e);
-    return e;
+    return ref_or_none(as_scope(self)->prepared);
 }
 TC_LOCKED_2(PyObject *, Scope_get_prepared, PyObject *, void *)
 
@@ -717,22 +712,14 @@ TC_LOCKED_2(PyObject *, Scope_get_native_id, PyObject *, void *)
 static PyObject *Scope_get_exit_exc_locked(PyObject *self, void *c)
 {
     (void)c;
-    PyObject *e = as_scope(self)->exit_exc;
-    if (e == NULL)
-        Py_RETURN_NONE;
-    Py_INCREF(e);
-    return e;
+    return ref_or_none(as_scope(self)->exit_exc);
 }
 TC_LOCKED_2(PyObject *, Scope_get_exit_exc, PyObject *, void *)
 
 static PyObject *Scope_get_hook_locked(PyObject *self, void *c)
 {
     (void)c;
-    PyObject *h = as_scope(self)->hook;
-    if (h == NULL)
-        Py_RETURN_NONE;
-    Py_INCREF(h);
-    return h;
+    return ref_or_none(as_scope(self)->hook);
 }
 TC_LOCKED_2(PyObject *, Scope_get_hook, PyObject *, void *)
 

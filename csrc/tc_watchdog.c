@@ -130,6 +130,14 @@ static int slot_due_now(tc_slot *s, int64_t now)
  * finalizers; the walk goes on from the same slot, which stays valid (slots
  * are never freed).  Slots added meanwhile are at the head: the next round
  * sees them.  No cap on the number of due slots. */
+/* Drop slot `s`'s scopes whose frame is gone (GIL held, g_mu not held). */
+static void wd_prune_slot(tc_slot *s)
+{
+    PyThreadState *t = tc_find_tstate(s->ident);
+    if (t != NULL && slot_prune_stale(s, PyThreadState_GetFrame(t)))
+        slot_publish(s);
+}
+
 static void wd_prune(int64_t now)
 {
     pthread_mutex_lock(&g_mu);
@@ -137,9 +145,7 @@ static void wd_prune(int64_t now)
         if (!s->alive || !slot_due_now(s, now))
             continue;
         pthread_mutex_unlock(&g_mu);
-        PyThreadState *t = tc_find_tstate(s->ident);
-        if (t != NULL && slot_prune_stale(s, PyThreadState_GetFrame(t)))
-            slot_publish(s);
+        wd_prune_slot(s);
         pthread_mutex_lock(&g_mu);
     }
     pthread_mutex_unlock(&g_mu);
@@ -423,19 +429,19 @@ static int wd_prearm(tc_slot *s, uint64_t gen)
     return ok;
 }
 
-/* Ahead of slot `s`'s deadline (GIL held / attached, holding no lock of
- * ours): build the DeadlineExceeded of the scope that will fire, for its
+/* Ahead of slot `s`'s `deadline`, if TC_PREPARE_MIN_LEFT_NS is left (GIL
+ * held / attached, holding no lock of ours): build the DeadlineExceeded of the scope that will fire, for its
  * exit to take (tc_scope.c: raise_exceeded).  Building runs Python (the
  * exception's constructor), so the slot is checked again after: if its
  * stack changed meanwhile (an exit, a reschedule or cancel) the exception
  * is dropped.  Costs the watchdog one construction per deadline it
  * prepares; a scope that ends in time drops it at its exit. */
-static void wd_prepare(tc_slot *s)
+static void wd_prepare(tc_slot *s, int64_t deadline)
 {
     PyObject *sc = NULL, *exc;
     uint64_t gen = 0;
-    if (g_exceeded == NULL)
-        return;
+    if (g_exceeded == NULL || deadline - now_ns() <= TC_PREPARE_MIN_LEFT_NS)
+        return; /* building it could outlast the time left */
     {
         TC_CORE_BEGIN();
         if (s->alive && atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->shield) == 0) {
@@ -562,15 +568,12 @@ static void *wd_main(void *arg)
             /* 3.13: the thread will fire by itself, past wd_sweep's prune --
              * drop the scopes whose exit was skipped first (a change bumps
              * the slot's gen: the pre-arm below then declines). */
-            if (may_prearm) {
-                PyThreadState *t = tc_find_tstate(ev.slot->ident);
-                if (t != NULL && slot_prune_stale(ev.slot, PyThreadState_GetFrame(t)))
-                    slot_publish(ev.slot);
-            }
+            if (may_prearm)
+                wd_prune_slot(ev.slot);
 #endif
             if (may_prearm && wd_prearm(ev.slot, ev.gen)) {
-                if (quiet && ev.deadline - now_ns() > TC_PREPARE_MIN_LEFT_NS)
-                    wd_prepare(ev.slot);
+                if (quiet)
+                    wd_prepare(ev.slot, ev.deadline);
                 refresh_switch_interval();
                 ts = PyEval_SaveThread();
                 continue;
@@ -597,8 +600,8 @@ static void *wd_main(void *arg)
              * the interrupt lands when it resumes. */
             if (atomic_load(&ev.slot->gen) == ev.gen) {
                 STAT_INC(gil_holds);
-                if (quiet && ev.deadline - now_ns() > TC_PREPARE_MIN_LEFT_NS)
-                    wd_prepare(ev.slot);
+                if (quiet)
+                    wd_prepare(ev.slot, ev.deadline);
                 sleep_until(ev.deadline);
             }
         }
