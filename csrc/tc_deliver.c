@@ -173,7 +173,13 @@ static int stack_protected(PyFrameObject *cur, Scope *sc, PyObject **where)
 
 /* -- The hook: per-thread tracer (3.11) or sys.monitoring tool (3.12+) ---------- */
 
-static int deliver_here(tc_slot *s, int back_edge, int async_self);
+/* How deliver_here acts once it has decided to raise. */
+enum {
+    DELIVER_RAISE = 0,      /* raise here                                  */
+    DELIVER_ASYNC_SELF = 1, /* as an async exception of this thread (3.12) */
+    DELIVER_DECIDE = 2      /* only say so (3.13.0-3.13.14: mon_jump)      */
+};
+static int deliver_here(tc_slot *s, int vetted, int mode);
 static void deliver_pending(tc_slot *s, int async_self);
 static void deliver_pending_here(tc_slot *s);
 static int slot_fire(tc_slot *s, int64_t now, int local); /* tc_slot.c */
@@ -315,7 +321,7 @@ static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg
          * (`while True: pass` jumps to itself, which 3.11 does not trace):
          * raise at its back-edge, where the eval breaker would have. */
         if (s->pending != NULL && at_back_edge(frame))
-            return deliver_here(s, 1, 0);
+            return deliver_here(s, 1, DELIVER_RAISE);
         return 0;
     }
     if (s->prev_trace != NULL && s->prev_trace(s->prev_traceobj, frame, what, arg) != 0)
@@ -323,7 +329,7 @@ static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg
     if (what == PyTrace_LINE && prearm_due(s))
         prearm_fire(s);
     if (what == PyTrace_LINE && s->pending != NULL)
-        return deliver_here(s, 0, 0);
+        return deliver_here(s, 0, DELIVER_RAISE);
     return 0;
 }
 
@@ -432,6 +438,40 @@ static int g_tool = -1;              /* our tool id                         */
 static long g_events;                /* LINE | JUMP                         */
 static _Atomic int g_armed;          /* threads with the hook armed         */
 
+#if TC_JUMP_DEFER_BUILD
+/* 3.13.0-3.13.14: raising at a jump's target (tc_compat.h: the JUMP bug).
+ * GIL held, the slot's own thread; a disarm may come from another. */
+static PyObject *g_set_local_events; /* sys.monitoring.set_local_events    */
+static long g_insn_event;            /* INSTRUCTION                         */
+static int g_jump_defer;             /* this interpreter needs it           */
+
+/* Switch our INSTRUCTION events on `code` on (1) or off (0). */
+static int insn_events(PyObject *code, int on)
+{
+    PyObject *r = PyObject_CallFunction(g_set_local_events, "iOl", g_tool, code,
+                                        on ? g_insn_event : 0L);
+    if (r == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The slot's INSTRUCTION events go (if it has any). */
+static void insn_off(tc_slot *s)
+{
+    PyObject *code = s->insn_code;
+    if (code == NULL)
+        return;
+    s->insn_code = NULL;
+    (void)insn_events(code, 0); /* on failure: a callback that finds nothing to do */
+    Py_DECREF(code);
+}
+#else
+static inline void insn_off(tc_slot *s) { (void)s; }
+#endif
+
 static void events_learn(int64_t took) /* g_events_cost_ns, above */
 {
     int64_t c = atomic_load(&g_events_cost_ns);
@@ -498,6 +538,7 @@ static int hook_arm(tc_slot *s, PyThreadState *t)
 static void hook_disarm(tc_slot *s, PyThreadState *t)
 {
     (void)t;
+    insn_off(s);
 #if TC_FREE_THREADED
     /* Without g_arm_mu: the delivering thread must not wait behind an arm
      * whose stop of the world is under way (a contended PyMutex spins with
@@ -588,7 +629,7 @@ static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     TC_CORE_BEGIN();
     prearm_fire(s);
     if (s->pending != NULL)
-        r = deliver_here(s, 0, 0);
+        r = deliver_here(s, 0, DELIVER_RAISE);
     TC_CORE_END();
     if (r < 0)
         return NULL;
@@ -612,21 +653,64 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     /* An exception raised here is attributed to the jump's target (the loop
      * head); a target that cannot raise may lie outside the handler of the
      * loop's with/try (tc_compat.h) -- except in a loop that jumps to
-     * itself, whose jump is the only instruction it runs. */
+     * itself, whose jump is the only instruction it runs.  The jump itself
+     * is no measure: 3.13 leaves a loop's closing JUMP_BACKWARD out of the
+     * handlers' ranges (`with lock: while cond(): pass` on one line), and
+     * judged by it such a loop was never stopped (tests/test_integrity.py).
+     * 3.12 raises at the jump itself (TC_JUMP_RAISE_BROKEN): judged there. */
+    int vetted = to == from || !TC_JUMP_RAISE_BROKEN;
     if (to <= from) {
         PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
         if ((f != NULL && to != from && tc_uncovered_no_raise(f, (int)to)) || hook_core_busy(s))
             Py_RETURN_NONE;
         TC_CORE_BEGIN();
         prearm_fire(s);
+#if TC_JUMP_DEFER_BUILD
+        if (s->pending != NULL && g_jump_defer) {
+            /* Raise at the target, the next instruction (mon_insn). */
+            if (deliver_here(s, vetted, DELIVER_DECIDE) == 1 && s->insn_code == NULL &&
+                insn_events(args[0], 1) == 0) {
+                Py_INCREF(args[0]);
+                s->insn_code = args[0];
+                s->insn_at = to;
+            }
+        }
+        else
+#endif
         if (s->pending != NULL)
-            r = deliver_here(s, to == from, TC_JUMP_RAISE_BROKEN);
+            r = deliver_here(s, vetted, TC_JUMP_RAISE_BROKEN ? DELIVER_ASYNC_SELF : DELIVER_RAISE);
         TC_CORE_END();
         if (r < 0)
             return NULL;
     }
     Py_RETURN_NONE;
 }
+
+#if TC_JUMP_DEFER_BUILD
+/* INSTRUCTION callback (code, offset), 3.13.0-3.13.14 only, switched on by
+ * mon_jump for one instruction: the jump's target, where the interrupt it
+ * decided on is raised (tc_compat.h).  Any thread running that code calls
+ * it meanwhile; only the slot's own thread acts. */
+static PyObject *mon_insn(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
+{
+    tc_slot *s = t_slot;
+    int r = 0;
+    (void)m;
+    if (s == NULL || s->insn_code == NULL || nargs < 2 || args[0] != s->insn_code)
+        Py_RETURN_NONE;
+    long at = PyLong_AsLong(args[1]);
+    if (at == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    TC_CORE_BEGIN();
+    insn_off(s); /* the target or past it: once either way */
+    if (at == s->insn_at && s->pending != NULL)
+        r = deliver_here(s, 1, DELIVER_RAISE); /* its checks again, at the target */
+    TC_CORE_END();
+    if (r < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+#endif
 
 /* 3.12+: a stale async-exception bit only costs time (instrumented RESUME
  * advances before it handles the breaker); 3.13+ keeps it per thread. */
@@ -644,6 +728,10 @@ static PyMethodDef g_mon_line_def = {"_on_line", (PyCFunction)(void (*)(void))mo
                                      METH_FASTCALL, "timeoutcore delivery hook (LINE)."};
 static PyMethodDef g_mon_jump_def = {"_on_jump", (PyCFunction)(void (*)(void))mon_jump,
                                      METH_FASTCALL, "timeoutcore delivery hook (JUMP)."};
+#if TC_JUMP_DEFER_BUILD
+static PyMethodDef g_mon_insn_def = {"_on_instruction", (PyCFunction)(void (*)(void))mon_insn,
+                                     METH_FASTCALL, "timeoutcore delivery hook (INSTRUCTION)."};
+#endif
 
 /* Claim a free sys.monitoring tool id and register the callbacks.  Returns
  * 0, or -1 with an exception set. */
@@ -697,6 +785,21 @@ static int hook_setup(void)
         goto done;
     if ((g_set_events = PyObject_GetAttrString(mon, "set_events")) == NULL)
         goto done;
+#if TC_JUMP_DEFER_BUILD
+    if ((g_jump_defer = tc_jump_raise_deferred())) {
+        Py_CLEAR(r);
+        if ((r = PyObject_GetAttrString(events, "INSTRUCTION")) == NULL)
+            goto done;
+        g_insn_event = PyLong_AsLong(r);
+        Py_SETREF(cb, PyCFunction_New(&g_mon_insn_def, NULL));
+        if (cb == NULL)
+            goto done;
+        Py_SETREF(r, PyObject_CallMethod(mon, "register_callback", "ilO", g_tool, g_insn_event, cb));
+        if (r == NULL ||
+            (g_set_local_events = PyObject_GetAttrString(mon, "set_local_events")) == NULL)
+            goto done;
+    }
+#endif
     g_events = line | jump;
     rc = 0;
 done:
@@ -710,11 +813,13 @@ done:
 
 /* -- Delivery steps ------------------------------------------------------------ */
 
-/* In the guarded thread, at a line boundary (or `back_edge`: at a loop's
- * jump to itself), with something pending: raise it unless protected code
- * is on the stack or the instruction is no safe place (tc_compat.h).  Returns -1 with the exception
- * set when it raised, else 0. */
-static int deliver_here(tc_slot *s, int back_edge, int async_self)
+/* In the guarded thread, at a line boundary (or `vetted`: at an event whose
+ * raise position the caller has checked -- a loop's jump), with something
+ * pending: raise it unless protected code is on the stack or the
+ * instruction is no safe place (tc_compat.h).
+ * Returns -1 with the exception set when it raised (DELIVER_ASYNC_SELF: 0,
+ * the exception on its way; DELIVER_DECIDE: 1, nothing done), else 0. */
+static int deliver_here(tc_slot *s, int vetted, int mode)
 {
     PyObject *scope = s->pending_scope, *where = NULL;
     int64_t now;
@@ -735,7 +840,7 @@ static int deliver_here(tc_slot *s, int back_edge, int async_self)
         return 0;
     }
     if (tc_at_with_exit(cur) || tc_in_with_enter_gap(cur) ||
-        (!back_edge && tc_uncovered_no_raise(cur, PyFrame_GetLasti(cur))))
+        (!vetted && tc_uncovered_no_raise(cur, PyFrame_GetLasti(cur))))
         return 0; /* the next line boundary will do */
     if (tc_raising(me, g_interrupt) || tc_handling(me, g_interrupt))
         return 0; /* already on its way out; if swallowed, this one follows */
@@ -756,9 +861,11 @@ static int deliver_here(tc_slot *s, int back_edge, int async_self)
     if (s->pending == NULL || s->pending_scope != scope)
         return 0; /* changed during the walk (free-threaded: the core lock may
                      be suspended there); the next boundary decides again */
+    if (mode == DELIVER_DECIDE)
+        return 1;
     STAT_INC(hook_raises);
-    deliver_pending(s, async_self);
-    return async_self ? 0 : -1;
+    deliver_pending(s, mode == DELIVER_ASYNC_SELF);
+    return mode == DELIVER_ASYNC_SELF ? 0 : -1;
 }
 
 /* In the owner thread, at an explicit raise point (checkpoint(), a wait's

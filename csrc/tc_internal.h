@@ -210,6 +210,12 @@ typedef struct tc_slot {
     PyObject *op_frame;            /* frame whose opcode events the
                                       backstop turned on (strong), or NULL */
 #endif
+#if TC_JUMP_DEFER_BUILD
+    PyObject *insn_code;           /* code object whose INSTRUCTION events
+                                      the JUMP callback switched on, to
+                                      raise at `insn_at` (strong), or NULL */
+    long insn_at;                  /* the jump's target, a byte offset     */
+#endif
 } tc_slot;
 
 /* -- Scope: the object behind `with thread_deadline(...)` -------------------- */

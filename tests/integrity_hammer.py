@@ -31,6 +31,9 @@ from timeoutcore import DeadlineExceeded
 from timeoutcore.errors import _DeadlineInterrupt
 
 
+TIGHT = 64
+
+
 class Shared:
     """Objects every worker uses at once."""
 
@@ -49,6 +52,7 @@ class Shared:
         self.rlock = threading.RLock()
         self.sem = threading.Semaphore(3)
         self.bsem = threading.BoundedSemaphore(2)
+        self.tight = threading.BoundedSemaphore(TIGHT)  # never blocks: one per worker at most
         self.counter = 0
 
 
@@ -60,6 +64,17 @@ def spin(seconds: float) -> None:
         n += 1
         if time.perf_counter() > end:
             return
+
+
+def spin_tight(s: Shared, seconds: float, counted: bool) -> None:
+    """A loop on one line, in a with: no line event in the loop, only its back-edge's, and
+    raising there must still run the with's exit (csrc/tc_compat.h: the JUMP bug)."""
+    end = time.perf_counter() + seconds
+    with s.tight:
+        if counted:
+            for _ in range(int(seconds * 2e7)): pass  # noqa: E701
+        else:
+            while time.perf_counter() < end: pass  # noqa: E701
 
 
 def body(s: Shared, rnd: random.Random, i: int) -> None:
@@ -103,7 +118,10 @@ def body(s: Shared, rnd: random.Random, i: int) -> None:
             with s.lock:
                 s.counter += 1
         else:
-            spin(rnd.uniform(20e-6, 200e-6))
+            if rnd.random() < 0.5:
+                spin(rnd.uniform(20e-6, 200e-6))
+            else:
+                spin_tight(s, rnd.uniform(20e-6, 200e-6), rnd.random() < 0.5)
 
 
 def run(tasks: int, workers: int, switch: float | None, seed: int) -> dict[str, Any]:
@@ -165,6 +183,8 @@ def check(s: Shared) -> list[str]:
         broken.append(f"semaphore value {s.sem._value} != 3")  # type: ignore[attr-defined]
     if s.bsem._value != 2:  # type: ignore[attr-defined]
         broken.append(f"bounded semaphore value {s.bsem._value} != 2")  # type: ignore[attr-defined]
+    if s.tight._value != TIGHT:  # type: ignore[attr-defined]
+        broken.append(f"tight loop's semaphore value {s.tight._value} != {TIGHT}")  # type: ignore[attr-defined]
     if s.q.unfinished_tasks < s.q.qsize():
         broken.append(f"queue unfinished_tasks {s.q.unfinished_tasks} < qsize {s.q.qsize()}")
     # The main thread must still be able to log, and logging's module lock must work.

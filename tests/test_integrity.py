@@ -570,6 +570,15 @@ def _loop_with_lock(shape: str, lock: threading.Lock) -> str:
                 elif shape == "while-true":
                     while True:
                         pass
+                # One line: no LINE event at all, only the loop's JUMP.
+                elif shape == "one-line-true":
+                    while True: pass  # noqa: E701
+                elif shape == "one-line-call":
+                    while True: time.monotonic()  # noqa: E701
+                elif shape == "one-line-cond":
+                    while time.monotonic() - t0 < 2.0: pass  # noqa: E701
+                elif shape == "one-line-for":
+                    for _ in range(10**9): time.monotonic()  # noqa: E701
                 else:
                     n = 0
                     for i in range(10**9):
@@ -581,13 +590,18 @@ def _loop_with_lock(shape: str, lock: threading.Lock) -> str:
         return type(exc).__name__
 
 
-@pytest.mark.parametrize("shape", ["while-cond", "while-true", "for"])
+@pytest.mark.parametrize("shape", ["while-cond", "while-true", "for", "one-line-true",
+                                   "one-line-call", "one-line-cond", "one-line-for"])
 def test_a_loop_stopped_at_its_back_edge_runs_every_exit(shape: str) -> None:
     """3.12 mishandles an exception raised from a sys.monitoring JUMP callback (it left
     the frame past the scope's __exit__); there the hook raises through the jump's own
     eval-breaker check instead (csrc/tc_compat.h: TC_JUMP_RAISE_BROKEN). 3.13 before
-    3.13.15 has the same bug (gh-152375), which a thread firing its own pre-armed deadline
-    at a back-edge meets every time: it is not pre-armed there."""
+    3.13.15 has the same bug (gh-152375) with the check before the callback: there the
+    hook raises at the jump's target from an INSTRUCTION event (mon_insn). A loop on one
+    line has no LINE event, so only the JUMP can stop it (3.13.0 before that: the raw
+    interrupt escaped every time); and 3.13 leaves a one-line ``while cond: pass``'s closing
+    jump out of the with's handler range, which must not keep the loop from being stopped
+    (before: it ran out, 3.13.0 and 3.13.15)."""
     lock = threading.Lock()
     for _ in range(5):
         assert _loop_with_lock(shape, lock) == "stopped"
