@@ -214,30 +214,12 @@ static inline int tc_optional_attr(PyObject *o, PyObject *name, PyObject **resul
 #if PY_VERSION_HEX >= 0x030D0000 && PY_VERSION_HEX < 0x030E0000
 #define TC_JUMP_DEFER_BUILD 1
 static inline int tc_jump_raise_deferred(void) { return Py_Version < 0x030D0FF0; }
+/* (Until that, 3.13 before 3.13.15 was not pre-armed: a thread firing its
+ * own deadline does so at its first event past it, in a loop at a
+ * back-edge's JUMP callback.) */
 #else
 #define TC_JUMP_DEFER_BUILD 0
 #endif
-
-/* -- Pre-arming with sys.monitoring and a GIL (3.12+) -------------------------
- * A thread that fires its own pre-armed deadline does so at its first event
- * past it, in a loop at a back-edge's JUMP callback, and raises right there.
- * On 3.13.0-3.13.14 that exception left the frame past its handlers (the JUMP
- * bug above, gh-152375): `with lock: with thread_deadline(...): while True:
- * pass` (and a `for` loop) let the raw interrupt escape the scope's __exit__
- * and the lock's (tests/test_integrity.py: measured on 3.13.0 and 3.13.5;
- * 3.13.5 with only that fix passes, and so does 3.13.15).  So 3.13 before
- * 3.13.15 is not pre-armed: the watchdog holds the GIL up to the deadline, as
- * it does everywhere in a crowded process.  Decided by the running
- * interpreter (Py_Version), not by the headers: a wheel built against
- * 3.13.15 may run on 3.13.0. */
-static inline int tc_prearm_when_quiet(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000 && PY_VERSION_HEX < 0x030E0000
-    return Py_Version >= 0x030D0FF0;
-#else
-    return 1;
-#endif
-}
 
 /* -- Instructions where raising would skip a with-exit ----------------------
  * A line boundary is a safe place to raise, except two kinds of line starts

@@ -561,9 +561,8 @@ static void *wd_main(void *arg)
         if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
             /* Early: pre-arm, and let the thread run on to fire its deadline
              * itself (tc_deliver.c: pre-armed slots); 3.12+ with a GIL only
-             * if the GIL came quickly (tc_internal.h: TC_PREARM_QUIET_NS), and
-             * on 3.13 from 3.13.15 on (tc_compat.h: tc_prearm_when_quiet). */
-            int may_prearm = TC_PREARM_ALWAYS || (quiet && tc_prearm_when_quiet());
+             * if the GIL came quickly (tc_internal.h: TC_PREARM_QUIET_NS). */
+            int may_prearm = TC_PREARM_ALWAYS || quiet;
 #if TC_TRACK_FRAMES
             /* 3.13: the thread will fire by itself, past wd_sweep's prune --
              * drop the scopes whose exit was skipped first (a change bumps

@@ -32,10 +32,6 @@ with_gil = pytest.mark.skipif(FREE_THREADED, reason="no GIL: no switch interval 
 #: these tests' otherwise quiet process; a crowded process makes it hold the GIL up to the
 #: deadline there instead (csrc/tc_internal.h: TC_PREARM_ALWAYS, TC_PREARM_QUIET_NS).
 PREARM_IF_QUIET = sys.version_info >= (3, 12) and not FREE_THREADED
-#: ... except on 3.13 before 3.13.15, whose back-edge raise from the pre-armed hook escaped
-#: the block (gh-152375; csrc/tc_compat.h: tc_prearm_when_quiet): there the watchdog always
-#: holds the GIL.
-PREARMS = not (PREARM_IF_QUIET and (3, 13) <= sys.version_info < (3, 13, 15))
 #: ... and how early: the GIL anticipation's lead, or free-threaded at least 10 ms (twice the
 #: recent cost of switching the delivery events on, which stops the world).
 PREARM_LEAD = 0.010 if FREE_THREADED else 200e-6 + 800e-6
@@ -255,7 +251,6 @@ def _stats() -> dict[str, int]:
     return _native.stats()
 
 
-@pytest.mark.skipif(not PREARMS, reason="3.13 before 3.13.15: the watchdog holds the GIL")
 def test_a_prearmed_thread_fires_its_own_deadline() -> None:
     """Ahead of the deadline the watchdog arms the hook and lets the thread run on; the
     thread fires the deadline itself at its first line past it, waiting neither for the
@@ -274,7 +269,6 @@ def test_a_prearmed_thread_fires_its_own_deadline() -> None:
     assert after["hooked_now"] == 0
 
 
-@pytest.mark.skipif(not PREARMS, reason="3.13 before 3.13.15: the watchdog holds the GIL")
 def test_a_block_that_ends_after_the_prearm_leaves_no_hook_armed() -> None:
     """A block that ends between the pre-arm and its deadline takes the armed hook back
     at its exit (it would otherwise slow the thread, and on 3.12+ every thread, from then
@@ -323,7 +317,6 @@ def test_the_watchdog_prepares_the_exception_and_the_exit_takes_its_figures_agai
         assert after["prepared"] > before["prepared"], (before, after)
 
 
-@pytest.mark.skipif(not PREARMS, reason="3.13 before 3.13.15: the GIL is held from the prepare on")
 @with_gil
 def test_a_prepared_exception_follows_a_reschedule_and_a_cancel() -> None:
     """A reschedule (and so a cancel) drops what the watchdog prepared for the old
