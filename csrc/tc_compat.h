@@ -78,6 +78,8 @@
 int tc_gil_setup(void);                    /* tc_gil.c */
 unsigned long *tc_gil_interval_addr(void); /* tc_gil.c */
 int tc_gil_rewait(void);                   /* tc_gil.c */
+int tc_gc_collecting(void);                /* tc_gil.c */
+unsigned long tc_main_thread(void);        /* tc_gil.c */
 static unsigned long *g_interval_addr;     /* set by tc_switch_setup        */
 
 /* At import, with the GIL. */
@@ -376,6 +378,48 @@ static inline int tc_uncovered_no_raise(PyFrameObject *f, int off)
     Py_DECREF(code);
     return r;
 }
+
+/* -- A thread paused at a loop's back-edge (3.11, 3.12) ------------------------
+ * A CPU loop asked to let the GIL go does so at JUMP_BACKWARD's eval-breaker
+ * check, in _Py_HandlePending's drop-request branch; when it has the GIL
+ * back, the very next step there is the check for an asynchronous exception,
+ * which reads tstate->async_exc afresh (3.11, 3.12).  From 3.13 the check
+ * tests a copy of the breaker bits taken before the GIL was let go, so an
+ * exception sent meanwhile waits for the next check, wherever that is: not
+ * used there (TC_DIRECT_BACK_EDGE).  CPython attributes that exception to
+ * the unit before the jump's target (the jump is taken before the check);
+ * 1 if frame `f` is at a JUMP_BACKWARD whose own unit, target and the unit
+ * before the target all have the same handler: the loop's.  (3.11's
+ * POP_JUMP_BACKWARD_IF_* check the breaker too; they are left to the hook.) */
+#if PY_VERSION_HEX < 0x030D0000 && !TC_FREE_THREADED
+#define TC_DIRECT_BACK_EDGE 1
+static inline int tc_back_edge_in_loop(PyFrameObject *f)
+{
+    PyCodeObject *code = PyFrame_GetCode(f);
+    PyObject *bytes = PyCode_GetCode(code);
+    int lasti = PyFrame_GetLasti(f), r = 0;
+    if (bytes != NULL && lasti >= 0 && lasti + 1 < PyBytes_GET_SIZE(bytes)) {
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(bytes);
+        if (b[lasti] == JUMP_BACKWARD) { /* 3.11, 3.12: no cache entry */
+            int oparg = b[lasti + 1], shift = 8;
+            for (int p = lasti - 2; p >= 0 && b[p] == EXTENDED_ARG && shift < 32; p -= 2, shift += 8)
+                oparg |= b[p + 1] << shift;
+            int from = lasti / 2, target = from + 1 - oparg;
+            if (target >= 1 && target <= from) {
+                int h = tc_exc_handler(code, from);
+                r = h == tc_exc_handler(code, target) && h == tc_exc_handler(code, target - 1);
+            }
+        }
+    }
+    if (bytes == NULL)
+        PyErr_Clear();
+    Py_XDECREF(bytes);
+    Py_DECREF(code);
+    return r;
+}
+#else
+#define TC_DIRECT_BACK_EDGE 0
+#endif
 
 /* 3.14 compiles `with cm:` as LOAD_SPECIAL __enter__; CALL 0, and checks the
  * eval breaker in that CALL, before the block's handler exists: an

@@ -909,12 +909,71 @@ static PyThreadState *slot_tstate(tc_slot *s)
 #endif
 }
 
+#if TC_DIRECT_BACK_EDGE
+/* -- Direct delivery at a back-edge (3.11, 3.12) --------------------------------
+ * Why: the hook costs every thread while it is armed on 3.12 (the events are
+ * interpreter-wide: a CPU loop runs ~5x slower with them on, measured), and
+ * in a busy pool the fired thread may wait milliseconds for the GIL with the
+ * events on all that time -- the largest part of what frequent deadlines cost
+ * a pool there.  But a thread that is paused at a loop's back-edge -- the
+ * usual place for a CPU loop that was asked to let the GIL go -- will meet a
+ * pending asynchronous exception first thing when it has the GIL back, at
+ * that very instruction (tc_compat.h: tc_back_edge_in_loop).  So the place
+ * where it will surface is known now, and the safe-delivery checks can be
+ * made from here, on a stack that cannot change: the thread is paused and we
+ * hold the GIL.  If they pass, the interrupt goes by
+ * PyThreadState_SetAsyncExc and no hook is armed.
+ *
+ * Race analysis.  Writers of the thread's async_exc: this function and
+ * deliver_cancel (the scope's exit, a shield, a cancel from any thread),
+ * both with the GIL; CPython's own SetAsyncExc callers likewise.  The thread
+ * reads it only with the GIL, in _Py_HandlePending after it took the GIL
+ * back.  Between the checks below and the store it cannot run (we hold the
+ * GIL), so it resumes at the instruction judged.  Exceptions to "first
+ * thing": a thread paused elsewhere in _Py_HandlePending -- in a Python
+ * signal handler (main thread only: excluded), in a pending call (main
+ * thread only on 3.11-3.12), or in a garbage collection whose C finalizer
+ * let the GIL go (a collection running: excluded), which could run Python
+ * finalizers before the check.  A thread paused at JUMP_BACKWARD cannot be
+ * anywhere else: that instruction calls nothing but the breaker's handling.
+ * The exit that claims the interrupt (slot_claim) takes an unconsumed one
+ * back, as for the fallback without a hook (async_pending).  GIL held, any
+ * thread but the slot's own; returns 1 if sent. */
+static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
+{
+    PyFrameObject *f;
+    int ok;
+    if (s == t_slot || t == NULL || s->pending != NULL || s->async_pending ||
+        s->ident == tc_main_thread() || tc_gc_collecting() ||
+        tc_raising(t, g_interrupt) || tc_handling(t, g_interrupt))
+        return 0;
+    if ((f = PyThreadState_GetFrame(t)) == NULL)
+        return 0;
+    ok = tc_back_edge_in_loop(f);
+    if (ok) {
+        Py_INCREF(f); /* stack_protected consumes one */
+        ok = !stack_protected(f, scope != NULL ? as_scope(scope) : NULL, NULL);
+    }
+    Py_DECREF(f);
+    if (!ok || PyThreadState_SetAsyncExc(s->ident, g_interrupt) != 1)
+        return 0;
+    s->async_pending = 1;
+    hook_disarm(s, t); /* armed ahead (pre-armed): nothing left for it */
+    STAT_INC(direct_raises);
+    return 1;
+}
+#endif
+
 /* Make `exc` (a class) surface in the slot's thread for `scope` at its next
  * safe point.  A pending hard interrupt is never replaced by anything else.
  * Returns 1 if delivery is under way, 0 if the thread is gone. */
 static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
 {
     PyThreadState *t = slot_tstate(s);
+#if TC_DIRECT_BACK_EDGE
+    if (exc == g_interrupt && deliver_direct(s, t, scope))
+        return 1;
+#endif
 #if TC_FREE_THREADED
     if (s != t_slot && !atomic_load(&s->alive))
         return 0;
@@ -1013,9 +1072,16 @@ static int64_t deliver_cancel(tc_slot *s)
     }
     s->deferred_since = 0;
     if (s->async_pending) {
-        /* Only when something was raised this way: clearing with nothing
-         * pending would leave the eval breaker tripped. */
-        PyThreadState_SetAsyncExc(s->ident, NULL);
+        /* Only when something was sent this way and is still there: clearing
+         * with nothing pending leaves the eval breaker tripped (3.11, 3.12:
+         * for the whole interpreter, until some thread consumes an
+         * asynchronous exception; measured: a direct delivery's exit that
+         * cleared the consumed one made the next deadline next to 3 spinning
+         * threads ~0.3 ms later at the median).  Free-threaded, another
+         * thread's state is not looked at (tc_lock.h). */
+        PyThreadState *t = slot_tstate(s);
+        if (t == NULL ? TC_FREE_THREADED && atomic_load(&s->alive) : t->async_exc != NULL)
+            PyThreadState_SetAsyncExc(s->ident, NULL);
         s->async_pending = 0;
     }
     return deferred;

@@ -32,6 +32,14 @@
  * take_gil() holds from reading the interval to waiting: a waiter has then
  * either read the new interval or is waiting and is woken.
  *
+ * Two facts for a delivery decided outside the thread (tc_deliver.c:
+ * deliver_direct): whether a garbage collection is running in the
+ * interpreter (gc.collecting: a thread paused inside one may run finalizers
+ * before it meets an asynchronous exception), and the main thread's ident
+ * (the runtime's main_thread: signal handlers run there, at the same
+ * breaker check).  Both are read with the GIL held; CPython writes them
+ * with it.
+ *
  * Contract: tc_gil_setup() with the GIL held, in a thread of the
  * interpreter that imports the module; it returns 0 where there is no GIL
  * state to reach (a build without a GIL, an interpreter without its own).
@@ -48,6 +56,7 @@
 #pragma GCC diagnostic ignored "-Wundef" /* mimalloc's headers (3.13+) */
 #if PY_VERSION_HEX >= 0x030C0000
 #include "internal/pycore_interp.h"
+#include "internal/pycore_runtime.h" /* _PyRuntime.main_thread */
 #else
 #include "internal/pycore_runtime.h" /* 3.11: _PyRuntime.ceval.gil */
 #endif
@@ -57,6 +66,10 @@
 TC_HIDDEN int tc_gil_setup(void);
 TC_HIDDEN unsigned long *tc_gil_interval_addr(void);
 TC_HIDDEN int tc_gil_rewait(void);
+TC_HIDDEN int tc_gc_collecting(void);
+TC_HIDDEN unsigned long tc_main_thread(void);
+
+static PyInterpreterState *g_interp; /* set once at import, GIL held */
 
 #ifndef Py_GIL_DISABLED
 static struct _gil_runtime_state *g_gil; /* set once at import, GIL held */
@@ -64,6 +77,7 @@ static struct _gil_runtime_state *g_gil; /* set once at import, GIL held */
 
 int tc_gil_setup(void)
 {
+    g_interp = PyInterpreterState_Get();
 #if defined(Py_GIL_DISABLED)
     return 0;
 #elif PY_VERSION_HEX >= 0x030C0000
@@ -98,4 +112,14 @@ int tc_gil_rewait(void)
 #else
     return 0;
 #endif
+}
+
+int tc_gc_collecting(void)
+{
+    return g_interp != NULL && g_interp->gc.collecting != 0;
+}
+
+unsigned long tc_main_thread(void)
+{
+    return _PyRuntime.main_thread;
 }

@@ -278,7 +278,7 @@ static struct {
     _Atomic uint64_t slots_live, timers_live, fires, reinjections, kicks, signals_seen,
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
-        rewait_errors, gil_holds, prepared;
+        rewait_errors, gil_holds, prepared, direct_raises;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

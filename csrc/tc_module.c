@@ -742,6 +742,7 @@ void tc_get_stats(struct tc_stats *o)
     o->rewait_errors = atomic_load(&g_st.rewait_errors);
     o->gil_holds = atomic_load(&g_st.gil_holds);
     o->prepared = atomic_load(&g_st.prepared);
+    o->direct_raises = atomic_load(&g_st.direct_raises);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

@@ -447,6 +447,8 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     }
     in_flight = exc_type != Py_None && PyType_Check(exc_type) &&
                 PyObject_IsSubclass(exc_type, g_interrupt) == 1;
+    if (in_flight && sc->expired && sc->delivered_at == 0)
+        sc->delivered_at = now; /* sent asynchronously (tc_deliver.c): surfaced by now */
     int held = 0;
     if (g_defer_report != NULL && sc->deferred_where != NULL && sc->deferred_ns > g_defer_cap_ns)
         held = run_exit_hook(s, g_defer_report, self, NULL);

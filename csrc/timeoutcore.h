@@ -137,6 +137,8 @@ struct tc_stats {
     uint64_t rewait_errors;    /* GIL waiters not woken at a window (errno) */
     uint64_t gil_holds;        /* GIL held up to a deadline, not pre-armed  */
     uint64_t prepared;         /* exceptions built by the watchdog ahead    */
+    uint64_t direct_raises;    /* interrupts sent to a thread paused at a
+                                  back-edge, decided from outside         */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

@@ -729,3 +729,67 @@ def test_the_executor_reports_deadline_exceeded_for_a_call_that_outlasts_it() ->
     with timeoutcore.DeadlineExecutor(max_workers=2) as ex:
         f = ex.submit_with(0.05, time.sleep, 0.25)
         assert isinstance(f.exception(timeout=10), DeadlineExceeded)
+
+
+# -- direct delivery at a back-edge (3.11, 3.12) ------------------------------------------------
+
+DIRECT = sys.version_info < (3, 13) and not FREE_THREADED
+
+
+def _cancelled_at_back_edge(shape: str, lock: threading.Lock) -> str:
+    """A worker loops in a with inside the scope; the main thread cancels it. The worker's
+    only eval-breaker check is its loop's back-edge, so that is where it let the GIL go."""
+    scope = timeoutcore.thread_deadline(30)
+    started = threading.Event()
+    out: list[str] = []
+
+    def work() -> None:
+        n = 0
+        try:
+            with lock:
+                with scope:
+                    started.set()
+                    if shape == "while":
+                        while True:
+                            n += 1
+                    elif shape == "one-line":
+                        while True: n += 1  # noqa: E701
+                    else:
+                        for i in range(10**12):
+                            n += i
+            out.append("ran out")
+        except timeoutcore.DeadlineCancelled:
+            out.append("stopped")
+        except BaseException as exc:  # noqa: BLE001 - the raw interrupt escaping is the bug
+            out.append(type(exc).__name__)
+
+    t = threading.Thread(target=work)
+    t.start()
+    assert started.wait(10)
+    time.sleep(0.02)  # in the loop, which gives the GIL to this thread at its back-edge
+    scope.cancel()
+    t.join(10)
+    assert not t.is_alive()
+    return out[0]
+
+
+@pytest.mark.parametrize("shape", ["while", "one-line", "for"])
+def test_a_thread_paused_at_a_back_edge_gets_its_interrupt_directly(shape: str) -> None:
+    """3.11 and 3.12: a thread paused at its loop's back-edge meets an asynchronous
+    exception first thing when it has the GIL back, so the interrupt is decided from
+    outside and sent without arming the hook (csrc/tc_deliver.c: deliver_direct); every
+    exit still runs. Elsewhere the hook delivers, as before."""
+    from timeoutcore import _native
+
+    lock = threading.Lock()
+    before = _native.stats()
+    for _ in range(3):
+        assert _cancelled_at_back_edge(shape, lock) == "stopped"
+        assert _free(lock)
+    after = _native.stats()
+    sent = after["direct_raises"] - before["direct_raises"]
+    hooked = after["hook_raises"] - before["hook_raises"]
+    if DIRECT:
+        assert sent == 3 and hooked == 0, (sent, hooked)
+    else:
+        assert sent == 0, sent
