@@ -386,7 +386,9 @@ static inline int tc_uncovered_no_raise(PyFrameObject *f, int off)
  * which reads tstate->async_exc afresh (3.11, 3.12).  From 3.13 the check
  * tests a copy of the breaker bits taken before the GIL was let go, so an
  * exception sent meanwhile waits for the next check, wherever that is: not
- * used there (TC_DIRECT_BACK_EDGE).  CPython attributes that exception to
+ * used there (TC_DIRECT_BACK_EDGE; tried on 3.14.7: a loop that ended first
+ * met it at the entry of its with's __exit__, which then never ran -- the
+ * hammer's one-line loops leaked their semaphore).  CPython attributes that exception to
  * the unit before the jump's target (the jump is taken before the check);
  * 1 if frame `f` is at a JUMP_BACKWARD whose own unit, target and the unit
  * before the target all have the same handler: the loop's.  (3.11's
