@@ -754,6 +754,10 @@ def _cancelled_at_back_edge(shape: str, lock: threading.Lock) -> str:
                             n += 1
                     elif shape == "one-line":
                         while True: n += 1  # noqa: E701
+                    elif shape == "protected":
+                        _protected_spin(0.3)  # cancelled in there: it waits until after
+                        while True:
+                            n += 1
                     else:
                         for i in range(10**12):
                             n += i
@@ -771,6 +775,33 @@ def _cancelled_at_back_edge(shape: str, lock: threading.Lock) -> str:
     t.join(10)
     assert not t.is_alive()
     return out[0]
+
+
+@timeoutcore.protected
+def _protected_spin(seconds: float) -> None:
+    """Protected, and paused at its back-edge when asked for the GIL (a call is rare)."""
+    end = time.perf_counter() + seconds
+    n = 0
+    while True:
+        n += 1
+        if not n % 65536 and time.perf_counter() > end:
+            return
+
+
+def test_a_thread_paused_at_a_back_edge_in_protected_code_waits_for_the_hook() -> None:
+    """The outside check sees protected code on the paused thread's stack: nothing is sent
+    directly; the hook delivers once the protected call has returned."""
+    from timeoutcore import _native
+
+    lock = threading.Lock()
+    before = _native.stats()
+    t0 = time.monotonic()
+    assert _cancelled_at_back_edge("protected", lock) == "stopped"
+    assert time.monotonic() - t0 >= 0.3  # not inside the protected call
+    assert _free(lock)
+    after = _native.stats()
+    assert after["direct_raises"] == before["direct_raises"]
+    assert after["hook_raises"] > before["hook_raises"]
 
 
 @pytest.mark.parametrize("shape", ["while", "one-line", "for"])
