@@ -234,30 +234,44 @@ static inline int tc_jump_raise_deferred(void) { return Py_Version < 0x030D0FF0;
  * (PyCode_GetCode) at the frame's current offset (PyFrame_GetLasti). */
 #include "opcode.h"
 
-static inline int tc_at_with_exit(PyFrameObject *f)
+/* The questions below read `f`'s deoptimised bytecode at a byte offset: each
+ * is a test(code, bytes, their length, offset), asked by tc_ask_code, which
+ * returns `none` where the bytecode cannot be had or `off` lies outside it. */
+typedef int (*tc_code_test)(PyCodeObject *code, const unsigned char *b, Py_ssize_t n, int off);
+
+static inline int tc_ask_code(PyFrameObject *f, int off, tc_code_test test, int none)
 {
     PyCodeObject *code = PyFrame_GetCode(f);
     PyObject *bytes = PyCode_GetCode(code);
-    int lasti = PyFrame_GetLasti(f), r = 0;
-    if (bytes != NULL && lasti >= 0 && lasti + 7 < PyBytes_GET_SIZE(bytes)) {
-        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(bytes) + lasti;
-        if (b[0] == PUSH_EXC_INFO)
-            r = 1;
-        else if (b[0] == LOAD_CONST && b[2] == LOAD_CONST && b[4] == LOAD_CONST &&
-#ifdef PRECALL
-                 (b[6] == PRECALL || b[6] == CALL) &&
-#else
-                 b[6] == CALL &&
-#endif
-                 b[1] < PyTuple_GET_SIZE(code->co_consts) &&
-                 PyTuple_GET_ITEM(code->co_consts, b[1]) == Py_None)
-            r = 1;
-    }
+    int r = none;
+    if (bytes != NULL && off >= 0 && off < PyBytes_GET_SIZE(bytes))
+        r = test(code, (const unsigned char *)PyBytes_AS_STRING(bytes), PyBytes_GET_SIZE(bytes), off);
     if (bytes == NULL)
         PyErr_Clear();
     Py_XDECREF(bytes);
     Py_DECREF(code);
     return r;
+}
+
+static inline int tc_with_exit_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n, int off)
+{
+    if (off + 7 >= n)
+        return 0;
+    b += off;
+    return b[0] == PUSH_EXC_INFO ||
+           (b[0] == LOAD_CONST && b[2] == LOAD_CONST && b[4] == LOAD_CONST &&
+#ifdef PRECALL
+            (b[6] == PRECALL || b[6] == CALL) &&
+#else
+            b[6] == CALL &&
+#endif
+            b[1] < PyTuple_GET_SIZE(code->co_consts) &&
+            PyTuple_GET_ITEM(code->co_consts, b[1]) == Py_None);
+}
+
+static inline int tc_at_with_exit(PyFrameObject *f)
+{
+    return tc_ask_code(f, PyFrame_GetLasti(f), tc_with_exit_test, 0);
 }
 
 /* Instructions that cannot raise need no exception-table entry, and the
@@ -340,43 +354,35 @@ static inline int tc_exc_handler(PyCodeObject *code, int unit)
 }
 
 /* The deoptimised opcode at byte offset `off` of `f`'s code, or -1. */
+static inline int tc_opcode_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n, int off)
+{
+    (void)code;
+    (void)n;
+    return b[off];
+}
+
 static inline int tc_opcode_at(PyFrameObject *f, int off)
 {
-    PyCodeObject *code = PyFrame_GetCode(f);
-    PyObject *bytes = PyCode_GetCode(code);
-    int r = -1;
-    if (bytes != NULL && off >= 0 && off < PyBytes_GET_SIZE(bytes))
-        r = ((const unsigned char *)PyBytes_AS_STRING(bytes))[off];
-    if (bytes == NULL)
-        PyErr_Clear();
-    Py_XDECREF(bytes);
-    Py_DECREF(code);
-    return r;
+    return tc_ask_code(f, off, tc_opcode_test, -1);
 }
 
 /* 1 if raising at byte offset `off` of `f`'s code could pick the wrong
  * handler: the instruction cannot raise and its handler differs from the
  * one of the instruction before it (cache entries, opcode CACHE = 0 in the
  * deoptimised code, are skipped). */
+static inline int tc_uncovered_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n, int off)
+{
+    int prev = off - 2;
+    if (off + 1 >= n || !tc_op_cannot_raise(b[off]))
+        return 0;
+    while (prev >= 0 && b[prev] == CACHE)
+        prev -= 2;
+    return prev >= 0 && tc_exc_handler(code, off / 2) != tc_exc_handler(code, prev / 2);
+}
+
 static inline int tc_uncovered_no_raise(PyFrameObject *f, int off)
 {
-    PyCodeObject *code = PyFrame_GetCode(f);
-    PyObject *bytes = PyCode_GetCode(code);
-    int r = 0;
-    if (bytes != NULL && off >= 0 && off + 1 < PyBytes_GET_SIZE(bytes)) {
-        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(bytes);
-        if (tc_op_cannot_raise(b[off])) {
-            int prev = off - 2;
-            while (prev >= 0 && b[prev] == CACHE)
-                prev -= 2;
-            r = prev >= 0 && tc_exc_handler(code, off / 2) != tc_exc_handler(code, prev / 2);
-        }
-    }
-    if (bytes == NULL)
-        PyErr_Clear();
-    Py_XDECREF(bytes);
-    Py_DECREF(code);
-    return r;
+    return tc_ask_code(f, off, tc_uncovered_test, 0);
 }
 
 /* -- A thread paused at a loop's back-edge (3.11, 3.12) ------------------------
@@ -395,29 +401,25 @@ static inline int tc_uncovered_no_raise(PyFrameObject *f, int off)
  * POP_JUMP_BACKWARD_IF_* check the breaker too; they are left to the hook.) */
 #if PY_VERSION_HEX < 0x030D0000 && !TC_FREE_THREADED
 #define TC_DIRECT_BACK_EDGE 1
+static inline int tc_back_edge_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n, int off)
+{
+    int oparg, shift = 8, from, target, h;
+    if (off + 1 >= n || b[off] != JUMP_BACKWARD) /* 3.11, 3.12: no cache entry */
+        return 0;
+    oparg = b[off + 1];
+    for (int p = off - 2; p >= 0 && b[p] == EXTENDED_ARG && shift < 32; p -= 2, shift += 8)
+        oparg |= b[p + 1] << shift;
+    from = off / 2;
+    target = from + 1 - oparg;
+    if (target < 1 || target > from)
+        return 0;
+    h = tc_exc_handler(code, from);
+    return h == tc_exc_handler(code, target) && h == tc_exc_handler(code, target - 1);
+}
+
 static inline int tc_back_edge_in_loop(PyFrameObject *f)
 {
-    PyCodeObject *code = PyFrame_GetCode(f);
-    PyObject *bytes = PyCode_GetCode(code);
-    int lasti = PyFrame_GetLasti(f), r = 0;
-    if (bytes != NULL && lasti >= 0 && lasti + 1 < PyBytes_GET_SIZE(bytes)) {
-        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(bytes);
-        if (b[lasti] == JUMP_BACKWARD) { /* 3.11, 3.12: no cache entry */
-            int oparg = b[lasti + 1], shift = 8;
-            for (int p = lasti - 2; p >= 0 && b[p] == EXTENDED_ARG && shift < 32; p -= 2, shift += 8)
-                oparg |= b[p + 1] << shift;
-            int from = lasti / 2, target = from + 1 - oparg;
-            if (target >= 1 && target <= from) {
-                int h = tc_exc_handler(code, from);
-                r = h == tc_exc_handler(code, target) && h == tc_exc_handler(code, target - 1);
-            }
-        }
-    }
-    if (bytes == NULL)
-        PyErr_Clear();
-    Py_XDECREF(bytes);
-    Py_DECREF(code);
-    return r;
+    return tc_ask_code(f, PyFrame_GetLasti(f), tc_back_edge_test, 0);
 }
 #else
 #define TC_DIRECT_BACK_EDGE 0
@@ -428,22 +430,21 @@ static inline int tc_back_edge_in_loop(PyFrameObject *f)
  * asynchronous exception raised there leaves __enter__'s work (a taken lock)
  * without its __exit__ (gh-148874, fixed in 3.15).  1 if frame `f` is at
  * such a CALL (paused in __enter__, or just back from it). */
+#if PY_VERSION_HEX >= 0x030E0000 && PY_VERSION_HEX < 0x030F0000
+static inline int tc_enter_gap_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n, int off)
+{
+    (void)code;
+    if (off < 2 || off + 1 >= n)
+        return 0;
+    /* LOAD_SPECIAL oparg 0 is __enter__, 2 is __aenter__; it has no cache */
+    return b[off] == CALL && b[off - 2] == LOAD_SPECIAL && (b[off - 1] == 0 || b[off - 1] == 2);
+}
+#endif
+
 static inline int tc_in_with_enter_gap(PyFrameObject *f)
 {
 #if PY_VERSION_HEX >= 0x030E0000 && PY_VERSION_HEX < 0x030F0000
-    PyCodeObject *code = PyFrame_GetCode(f);
-    PyObject *bytes = PyCode_GetCode(code);
-    int lasti = PyFrame_GetLasti(f), r = 0;
-    if (bytes != NULL && lasti >= 2 && lasti + 1 < PyBytes_GET_SIZE(bytes)) {
-        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(bytes) + lasti;
-        /* LOAD_SPECIAL oparg 0 is __enter__, 2 is __aenter__; it has no cache */
-        r = b[0] == CALL && b[-2] == LOAD_SPECIAL && (b[-1] == 0 || b[-1] == 2);
-    }
-    if (bytes == NULL)
-        PyErr_Clear();
-    Py_XDECREF(bytes);
-    Py_DECREF(code);
-    return r;
+    return tc_ask_code(f, PyFrame_GetLasti(f), tc_enter_gap_test, 0);
 #else
     (void)f;
     return 0;
