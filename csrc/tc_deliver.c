@@ -171,6 +171,15 @@ static int stack_protected(PyFrameObject *cur, Scope *sc, PyObject **where)
     return r;
 }
 
+/* Is our interrupt being raised, or handled (except/finally/__exit__), in
+ * thread `t` now (GIL held; free-threaded: `t` is the caller's own)?  Then
+ * it was not swallowed, and raising it again would tear the handler that is
+ * cleaning up. */
+static int interrupt_in_flight(PyThreadState *t)
+{
+    return tc_raising(t, g_interrupt) || tc_handling(t, g_interrupt);
+}
+
 /* -- The hook: per-thread tracer (3.11) or sys.monitoring tool (3.12+) ---------- */
 
 /* How deliver_here acts once it has decided to raise. */
@@ -468,8 +477,33 @@ static void insn_off(tc_slot *s)
     (void)insn_events(code, 0); /* on failure: a callback that finds nothing to do */
     Py_DECREF(code);
 }
+
+/* In the JUMP callback, with something pending: decide, and if it is to be
+ * raised, switch on INSTRUCTION events for `code` to raise at `to` (mon_insn).
+ * Returns 1 if it took the delivery on (3.13.0-3.13.14), 0 if the caller
+ * raises as usual. */
+static int jump_defer(tc_slot *s, PyObject *code, long to, int vetted)
+{
+    if (!g_jump_defer)
+        return 0;
+    if (deliver_here(s, vetted, DELIVER_DECIDE) == 1 && s->insn_code == NULL &&
+        insn_events(code, 1) == 0) {
+        Py_INCREF(code);
+        s->insn_code = code;
+        s->insn_at = to;
+    }
+    return 1;
+}
 #else
 static inline void insn_off(tc_slot *s) { (void)s; }
+static inline int jump_defer(tc_slot *s, PyObject *code, long to, int vetted)
+{
+    (void)s;
+    (void)code;
+    (void)to;
+    (void)vetted;
+    return 0;
+}
 #endif
 
 static void events_learn(int64_t took) /* g_events_cost_ns, above */
@@ -665,19 +699,7 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_NONE;
         TC_CORE_BEGIN();
         prearm_fire(s);
-#if TC_JUMP_DEFER_BUILD
-        if (s->pending != NULL && g_jump_defer) {
-            /* Raise at the target, the next instruction (mon_insn). */
-            if (deliver_here(s, vetted, DELIVER_DECIDE) == 1 && s->insn_code == NULL &&
-                insn_events(args[0], 1) == 0) {
-                Py_INCREF(args[0]);
-                s->insn_code = args[0];
-                s->insn_at = to;
-            }
-        }
-        else
-#endif
-        if (s->pending != NULL)
+        if (s->pending != NULL && !jump_defer(s, args[0], to, vetted))
             r = deliver_here(s, vetted, TC_JUMP_RAISE_BROKEN ? DELIVER_ASYNC_SELF : DELIVER_RAISE);
         TC_CORE_END();
         if (r < 0)
@@ -842,7 +864,7 @@ static int deliver_here(tc_slot *s, int vetted, int mode)
     if (tc_at_with_exit(cur) || tc_in_with_enter_gap(cur) ||
         (!vetted && tc_uncovered_no_raise(cur, PyFrame_GetLasti(cur))))
         return 0; /* the next line boundary will do */
-    if (tc_raising(me, g_interrupt) || tc_handling(me, g_interrupt))
+    if (interrupt_in_flight(me))
         return 0; /* already on its way out; if swallowed, this one follows */
     now = now_ns();
     Py_INCREF(cur);
@@ -944,8 +966,7 @@ static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
     PyFrameObject *f;
     int ok;
     if (s == t_slot || t == NULL || s->pending != NULL || s->async_pending ||
-        s->ident == tc_main_thread() || tc_gc_collecting() ||
-        tc_raising(t, g_interrupt) || tc_handling(t, g_interrupt))
+        s->ident == tc_main_thread() || tc_gc_collecting() || interrupt_in_flight(t))
         return 0;
     if ((f = PyThreadState_GetFrame(t)) == NULL)
         return 0;

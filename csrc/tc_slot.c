@@ -180,16 +180,6 @@ static int slot_fire(tc_slot *s, int64_t now, int local)
     return 1;
 }
 
-/* Is our interrupt being raised, or handled (except/finally/__exit__), in
- * that thread now?  Then it was not swallowed, and raising it again would
- * tear the handler that is cleaning up. */
-#if !TC_FREE_THREADED
-static int interrupt_in_flight(PyThreadState *t)
-{
-    return tc_raising(t, g_interrupt) || tc_handling(t, g_interrupt);
-}
-#endif
-
 /* The body may have swallowed the interrupt: raise it again (watchdog). */
 static void slot_reinject(tc_slot *s, int64_t now)
 {

@@ -125,11 +125,6 @@ static int slot_due_now(tc_slot *s, int64_t now)
     return slot_due_at(s, 0, &st, &d) <= now;
 }
 
-/* Before acting on due slots, drop scopes whose frame is gone (3.13).  g_mu
- * is released around each prune, because dropping a scope may run arbitrary
- * finalizers; the walk goes on from the same slot, which stays valid (slots
- * are never freed).  Slots added meanwhile are at the head: the next round
- * sees them.  No cap on the number of due slots. */
 /* Drop slot `s`'s scopes whose frame is gone (GIL held, g_mu not held). */
 static void wd_prune_slot(tc_slot *s)
 {
@@ -138,6 +133,11 @@ static void wd_prune_slot(tc_slot *s)
         slot_publish(s);
 }
 
+/* Before acting on due slots, drop scopes whose frame is gone (3.13).  g_mu
+ * is released around each prune, because dropping a scope may run arbitrary
+ * finalizers; the walk goes on from the same slot, which stays valid (slots
+ * are never freed).  Slots added meanwhile are at the head: the next round
+ * sees them.  No cap on the number of due slots. */
 static void wd_prune(int64_t now)
 {
     pthread_mutex_lock(&g_mu);
@@ -430,8 +430,8 @@ static int wd_prearm(tc_slot *s, uint64_t gen)
 }
 
 /* Ahead of slot `s`'s `deadline`, if TC_PREPARE_MIN_LEFT_NS is left (GIL
- * held / attached, holding no lock of ours): build the DeadlineExceeded of the scope that will fire, for its
- * exit to take (tc_scope.c: raise_exceeded).  Building runs Python (the
+ * held / attached, holding no lock of ours): build the DeadlineExceeded of
+ * the scope that will fire, for its exit to take (tc_scope.c: raise_exceeded).  Building runs Python (the
  * exception's constructor), so the slot is checked again after: if its
  * stack changed meanwhile (an exit, a reschedule or cancel) the exception
  * is dropped.  Costs the watchdog one construction per deadline it
