@@ -22,10 +22,13 @@
  *     own thread, and the hook, to know the with statement's frame without
  *     making a frame object (an address compared, never dereferenced).
  *   - the GIL state's switch interval, mutex and condition variable (via
- *     tc_gil.c): the watchdog, without the GIL (see "the fast window" below).
+ *     tc_gil.c): the watchdog, without the GIL (see "the fast window" below);
+ *     its `locked` and `last_holder` (3.12+), which the watchdog reads
+ *     without the GIL to see whether a guarded thread holds it (tc_gil.c).
  * Private functions: _PyEval_SetTrace (3.11 only),
  * _PyEval_RequestCodeExtraIndex / _PyCode_Get/SetExtra (3.11; PyUnstable_
- * from 3.12), see below.
+ * from 3.12), see below; _PyEval_AddPendingCall (3.12+, via tc_gil.c: the
+ * function behind Py_AddPendingCall, for a call any thread may run).
  */
 #ifndef TC_COMPAT_H
 #define TC_COMPAT_H
@@ -80,6 +83,8 @@ unsigned long *tc_gil_interval_addr(void); /* tc_gil.c */
 int tc_gil_rewait(void);                   /* tc_gil.c */
 int tc_gc_collecting(void);                /* tc_gil.c */
 unsigned long tc_main_thread(void);        /* tc_gil.c */
+int tc_gil_holder(const void **holder);    /* tc_gil.c */
+int tc_add_pending(int (*func)(void *), void *arg); /* tc_gil.c */
 static unsigned long *g_interval_addr;     /* set by tc_switch_setup        */
 
 /* At import, with the GIL. */
@@ -423,6 +428,53 @@ static inline int tc_back_edge_in_loop(PyFrameObject *f)
 }
 #else
 #define TC_DIRECT_BACK_EDGE 0
+#endif
+
+/* -- Raising from a pending call at a back-edge (3.12+, with a GIL) -----------
+ * A thread that holds the GIL at its deadline fires it itself, from a
+ * pending call (tc_gil.c) that its eval loop runs at its next breaker check
+ * (tc_deliver.c: pc_fire).  An error returned from there surfaces at that
+ * very instruction, as an asynchronous exception would -- no snapshot is
+ * involved, the call runs inside the check.  It raises only at a loop's
+ * back-edge (anywhere else -- a call that just returned, a function's
+ * RESUME -- it asks to be run again at the next check): 1 if frame `f` is at
+ * a JUMP_BACKWARD whose raise lands in the loop's own handler.  3.12 takes
+ * the jump before the check (the exception belongs to the unit before the
+ * target: tc_back_edge_in_loop); 3.13 and 3.14 check first, so it belongs
+ * to the jump itself, which must share the handler of the jump's target
+ * (one cache unit: target = unit + 2 - oparg).  3.13 leaves the closing
+ * jump of a `while <cond>:` loop outside the handler ranges (cpython#130279;
+ * 3.13.0: `with lock: while cond(): ...`, the jump one past the range's
+ * end): refused, so such a loop is left to the hook. */
+#if PY_VERSION_HEX >= 0x030C0000 && !TC_FREE_THREADED
+#define TC_SELF_FIRE 1
+#if PY_VERSION_HEX >= 0x030D0000
+static inline int tc_breaker_back_edge_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n,
+                                            int off)
+{
+    int oparg, shift = 8, from, target, h;
+    if (off + 1 >= n || b[off] != JUMP_BACKWARD)
+        return 0;
+    oparg = b[off + 1];
+    for (int p = off - 2; p >= 0 && b[p] == EXTENDED_ARG && shift < 32; p -= 2, shift += 8)
+        oparg |= b[p + 1] << shift;
+    from = off / 2;
+    target = from + 2 - oparg;
+    if (target < 0 || target > from)
+        return 0;
+    h = tc_exc_handler(code, from);
+    return h == tc_exc_handler(code, target);
+}
+
+static inline int tc_breaker_back_edge(PyFrameObject *f)
+{
+    return tc_ask_code(f, PyFrame_GetLasti(f), tc_breaker_back_edge_test, 0);
+}
+#else
+static inline int tc_breaker_back_edge(PyFrameObject *f) { return tc_back_edge_in_loop(f); }
+#endif
+#else
+#define TC_SELF_FIRE 0
 #endif
 
 /* 3.14 compiles `with cm:` as LOAD_SPECIAL __enter__; CALL 0, and checks the

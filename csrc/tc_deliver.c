@@ -985,6 +985,95 @@ static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
 }
 #endif
 
+#if TC_SELF_FIRE
+/* -- The self-fire: a pending call at the thread's own breaker check (3.12+) --
+ * A thread that holds the GIL at its deadline fires it itself (tc_watchdog.c:
+ * wd_watch): the watchdog queues this call (tc_gil.c: tc_add_pending), and
+ * whichever thread next checks its eval breaker runs it, with the GIL.  In
+ * any thread but the slot's own it does nothing.  In the slot's own thread,
+ * with the deadline due: at a loop's back-edge outside protected code
+ * (tc_compat.h: tc_breaker_back_edge; the stack as deliver_direct judges
+ * it), it fires and returns -1, so that the interrupt surfaces at that very
+ * instruction; at any other check (a call that just returned, a function's
+ * RESUME) it queues itself again for the next one -- the same check runs it
+ * again at once, up to CPython's per-check limit, which the remembered place
+ * makes cheap -- and after TC_PC_MAX_DECLINES such checks it fires for the
+ * hook, which raises at the next line boundary.
+ *
+ * Race analysis.  Everything here runs with the GIL, in the slot's own
+ * thread; the watchdog, without the GIL, only sets pc_queued and queues the
+ * call (a call queued twice is harmless: the second finds nothing due or
+ * fires nothing more).  A call that runs after the scope ended, or in
+ * another thread, finds the slot not ARMED, or not its own, and only clears
+ * pc_queued; the watchdog queues again while the thread holds the GIL, and
+ * otherwise fires the usual way (it then holds the GIL: the states move
+ * under it).  Slots are never freed, so `arg` stays valid. */
+static PyObject *stack_due(PyObject *top, int64_t now); /* tc_slot.c */
+#if TC_TRACK_FRAMES
+static int slot_prune_stale(tc_slot *s, PyFrameObject *cur); /* tc_slot.c */
+static void slot_publish(tc_slot *s);                       /* tc_slot.c */
+#endif
+
+static int pc_fire(void *arg)
+{
+    tc_slot *s = (tc_slot *)arg;
+    PyFrameObject *cur;
+    PyObject *due;
+    int64_t now;
+    atomic_store(&s->pc_queued, 0);
+    if (s != t_slot || atomic_load(&s->state) != SLOT_ARMED || atomic_load(&s->shield) > 0 ||
+        s->pending != NULL || (cur = PyEval_GetFrame()) == NULL)
+        return 0;
+    if ((const void *)cur != s->pc_frame || PyFrame_GetLasti(cur) != s->pc_lasti) {
+#if TC_TRACK_FRAMES
+        Py_INCREF(cur); /* consumed */
+        if (slot_prune_stale(s, cur))
+            slot_publish(s);
+#endif
+        now = now_ns();
+        if ((due = stack_due(s->top, now)) == NULL)
+            return 0;
+        if (tc_breaker_back_edge(cur) && !interrupt_in_flight(PyThreadState_Get())) {
+            PyObject *where = NULL;
+            Py_INCREF(cur); /* consumed */
+            if (stack_protected(cur, as_scope(due), s->deferred_since == 0 ? &where : NULL)) {
+                /* as the hook records it (deliver_here) */
+                if (s->deferred_since == 0) {
+                    s->deferred_since = now;
+                    if (where != NULL)
+                        Py_XSETREF(as_scope(due)->deferred_where, where);
+                }
+            }
+            else {
+                int64_t deferred = s->deferred_since != 0 ? now - s->deferred_since : 0;
+                if (slot_fire(s, now, 1)) { /* takes back: deferred_since goes */
+                    s->pc_frame = NULL;
+                    s->pc_declines = 0;
+                    if (s->fired != NULL) {
+                        as_scope(s->fired)->delivered_at = now;
+                        as_scope(s->fired)->deferred_ns += deferred;
+                    }
+                    STAT_INC(pending_raises);
+                    return -1;
+                }
+            }
+        }
+        if (++s->pc_declines > TC_PC_MAX_DECLINES) {
+            s->pc_frame = NULL;
+            s->pc_declines = 0;
+            (void)slot_fire(s, now, 0); /* for the hook */
+            return 0;
+        }
+        s->pc_frame = (const void *)cur;
+        s->pc_lasti = PyFrame_GetLasti(cur);
+    }
+    atomic_store(&s->pc_queued, 1);
+    if (tc_add_pending(pc_fire, s) != 0)
+        atomic_store(&s->pc_queued, 0); /* full: the watchdog decides */
+    return 0;
+}
+#endif
+
 /* Make `exc` (a class) surface in the slot's thread for `scope` at its next
  * safe point.  A pending hard interrupt is never replaced by anything else.
  * Returns 1 if delivery is under way, 0 if the thread is gone. */

@@ -32,6 +32,18 @@
  * take_gil() holds from reading the interval to waiting: a waiter has then
  * either read the new interval or is waiting and is woken.
  *
+ * Who holds the GIL, and a call to run at a breaker check (3.12+).  A thread
+ * that holds the GIL when its deadline comes can fire it itself, with no GIL
+ * hand-off at all (tc_watchdog.c: the self-fire; tc_deliver.c: pc_fire): the
+ * watchdog looks at the GIL state's `locked` and `last_holder` -- atomics
+ * that CPython's own waiters read without the GIL too -- and, while that
+ * thread holds it, queues a call with _PyEval_AddPendingCall, the function
+ * behind Py_AddPendingCall (callable from any thread, with or without the
+ * GIL: it exists for signal handlers), asking for any thread rather than
+ * the main one only.  Whichever thread next checks its eval breaker runs it,
+ * with the GIL; the call itself looks whether it is in the right thread.
+ * (3.11 runs pending calls in the main thread only: not used there.)
+ *
  * Two facts for a delivery decided outside the thread (tc_deliver.c:
  * deliver_direct): whether a garbage collection is running in the
  * interpreter (gc.collecting: a thread paused inside one may run finalizers
@@ -46,7 +58,8 @@
  * tc_gil_interval_addr() and tc_gil_rewait() from any thread, with or
  * without the GIL, after a setup that returned 1; never from a signal
  * handler (rewait takes a mutex).  rewait returns 0, or the errno of the
- * failed pthread call (nothing was woken).
+ * failed pthread call (nothing was woken).  tc_gil_holder() and
+ * tc_add_pending() from any thread, with or without the GIL, after setup.
  */
 #define Py_BUILD_CORE 1
 #include <Python.h>
@@ -57,6 +70,7 @@
 #if PY_VERSION_HEX >= 0x030C0000
 #include "internal/pycore_interp.h"
 #include "internal/pycore_runtime.h" /* _PyRuntime.main_thread */
+#include "internal/pycore_ceval.h"   /* _PyEval_AddPendingCall */
 #else
 #include "internal/pycore_runtime.h" /* 3.11: _PyRuntime.ceval.gil */
 #endif
@@ -68,6 +82,8 @@ TC_HIDDEN unsigned long *tc_gil_interval_addr(void);
 TC_HIDDEN int tc_gil_rewait(void);
 TC_HIDDEN int tc_gc_collecting(void);
 TC_HIDDEN unsigned long tc_main_thread(void);
+TC_HIDDEN int tc_gil_holder(const void **holder);
+TC_HIDDEN int tc_add_pending(int (*func)(void *), void *arg);
 
 static PyInterpreterState *g_interp; /* set once at import, GIL held */
 
@@ -122,4 +138,45 @@ int tc_gc_collecting(void)
 unsigned long tc_main_thread(void)
 {
     return _PyRuntime.main_thread;
+}
+
+/* Is the GIL held (1) or free (0) right now, and by which thread state
+ * (*holder: to compare with a known one, never to use -- it may be gone by
+ * the time the caller looks)?  -1 without a GIL state.  No lock: a moment's
+ * picture, which the caller must be ready to find out of date. */
+int tc_gil_holder(const void **holder)
+{
+#ifndef Py_GIL_DISABLED
+    if (g_gil == NULL)
+        return -1;
+#if PY_VERSION_HEX >= 0x030D0000
+    *holder = _Py_atomic_load_ptr_relaxed(&g_gil->last_holder);
+    return _Py_atomic_load_int_relaxed(&g_gil->locked) != 0;
+#else
+    *holder = (const void *)_Py_atomic_load_relaxed(&g_gil->last_holder);
+    return _Py_atomic_load_relaxed(&g_gil->locked) != 0;
+#endif
+#else
+    *holder = NULL;
+    return -1;
+#endif
+}
+
+/* Queue func(arg) for the next thread of the interpreter to check its eval
+ * breaker, whichever it is (3.12+).  Returns 0, or -1 if the queue is full
+ * or this CPython cannot (3.11, no GIL). */
+int tc_add_pending(int (*func)(void *), void *arg)
+{
+#if defined(Py_GIL_DISABLED) || PY_VERSION_HEX < 0x030C0000
+    (void)func;
+    (void)arg;
+    return -1;
+#elif PY_VERSION_HEX >= 0x030D0000
+    return g_interp != NULL &&
+                   _PyEval_AddPendingCall(g_interp, func, arg, 0) == _Py_ADD_PENDING_SUCCESS
+               ? 0
+               : -1;
+#else
+    return g_interp != NULL && _PyEval_AddPendingCall(g_interp, func, arg, 0) == 0 ? 0 : -1;
+#endif
 }

@@ -107,6 +107,25 @@
 #define TC_PREARM_LEAD_MIN_NS 10000000LL
 #define TC_PREARM_LEAD_MAX_NS 50000000LL
 
+/* The self-fire (tc_watchdog.c: wd_watch; 3.12+ with a GIL).  While a
+ * guarded thread holds the GIL ahead of its deadline, the watchdog looks at
+ * the GIL's holder every TC_WATCH_POLL_NS instead of taking it; the last
+ * TC_WATCH_SPIN_NS it spins (a sleep's wake-up is late by ~50 us on this
+ * machine class); TC_WATCH_PREPARE_NS before the deadline it asks the thread
+ * to build its exception (wd_prepare, in the thread); past the deadline it
+ * looks every TC_WATCH_AFTER_NS until the thread has fired -- every
+ * TC_WATCH_SLOW_NS after TC_WATCH_MAX_NS -- and gives up (the usual fire,
+ * with the GIL) as soon as the thread lets the GIL go.  A thread whose breaker checks never come at a
+ * back-edge asks to be run again at most TC_PC_MAX_DECLINES times, then
+ * arms the hook. */
+#define TC_WATCH_POLL_NS 100000LL
+#define TC_WATCH_SPIN_NS 100000LL
+#define TC_WATCH_PREPARE_NS 450000LL
+#define TC_WATCH_AFTER_NS 30000LL
+#define TC_WATCH_MAX_NS 2000000LL
+#define TC_WATCH_SLOW_NS 1000000LL
+#define TC_PC_MAX_DECLINES 4096
+
 /* The watchdog prepares the exception
  * (tc_watchdog.c: wd_prepare) only if at least this long is left: building
  * it takes up to ~0.1 ms when its code has gone cold. */
@@ -200,6 +219,19 @@ typedef struct tc_slot {
                                       by any fire, by the owner's exit and
                                       by deliver_cancel)                   */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
+    /* The self-fire (tc_watchdog.c: wd_watch, tc_deliver.c: pc_fire). */
+    _Atomic(const void *) tstate_id; /* its thread state, only ever compared
+                                      with the GIL's holder (slot_get)     */
+    _Atomic int pc_queued;         /* pc_fire is queued for it: set by the
+                                      watchdog (no GIL), cleared by pc_fire */
+    _Atomic int64_t watch_at;      /* watched: when to look again (0: not);
+                                      the watchdog only, valid for ...     */
+    _Atomic uint64_t watch_gen;    /* ... this gen                         */
+    uint64_t prepare_gen;          /* watchdog: gen it asked to prepare for */
+    uint64_t kick_gen;             /* watchdog: gen it kicked while watched */
+    const void *pc_frame;          /* GIL: where pc_fire last declined     */
+    int pc_lasti;
+    int pc_declines;               /* GIL: declines since the last raise  */
     int hook_skips;                /* owner thread: hook_core_busy's count */
     int64_t deferred_since;        /* first time the hook found protected
                                       code on the stack, 0 if not yet      */
@@ -278,7 +310,7 @@ static struct {
     _Atomic uint64_t slots_live, timers_live, fires, reinjections, kicks, signals_seen,
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
-        rewait_errors, gil_holds, prepared, direct_raises;
+        rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

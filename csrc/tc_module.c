@@ -639,6 +639,8 @@ static void atfork_child(void)
     atomic_store(&g_st.slots_live, 0);
     for (tc_slot *s = g_slots; s != NULL; s = s->next) {
         s->timer_ok = 0;
+        atomic_store(&s->watch_at, 0);
+        atomic_store(&s->pc_queued, 0);
         if (s == t_slot && s->alive) {
             s->tid = (pid_t)syscall(SYS_gettid);
             STAT_INC(slots_live);
@@ -743,6 +745,8 @@ void tc_get_stats(struct tc_stats *o)
     o->gil_holds = atomic_load(&g_st.gil_holds);
     o->prepared = atomic_load(&g_st.prepared);
     o->direct_raises = atomic_load(&g_st.direct_raises);
+    o->pending_calls = atomic_load(&g_st.pending_calls);
+    o->pending_raises = atomic_load(&g_st.pending_raises);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

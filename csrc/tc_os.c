@@ -44,6 +44,17 @@ static void futex_wake_all(_Atomic uint32_t *w)
                   NULL, 0);
 }
 
+/* A busy wait's pause: lets the core's other hardware thread run, and tells
+ * the CPU the loop spins. */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* Sleep until `t` (CLOCK_MONOTONIC), whatever signals arrive meanwhile. */
 static void sleep_until(int64_t t)
 {

@@ -365,6 +365,7 @@ static tc_slot *slot_get(void)
     }
     s->tid = (pid_t)syscall(SYS_gettid);
     s->ident = PyThread_get_thread_ident();
+    atomic_store(&s->tstate_id, (const void *)PyThreadState_Get());
     atomic_store(&s->state, SLOT_IDLE);
     atomic_store(&s->deadline, TC_NEVER);
     atomic_store(&s->shield, 0);

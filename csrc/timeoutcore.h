@@ -139,6 +139,9 @@ struct tc_stats {
     uint64_t prepared;         /* exceptions built by the watchdog ahead    */
     uint64_t direct_raises;    /* interrupts sent to a thread paused at a
                                   back-edge, decided from outside         */
+    uint64_t pending_calls;    /* self-fire calls queued for a thread that
+                                  held the GIL at its deadline (3.12+)    */
+    uint64_t pending_raises;   /* ... deadlines such a call raised        */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

@@ -216,6 +216,12 @@ def main() -> None:
     result = run(a.tasks, a.workers, a.switch, a.seed)
     faulthandler.cancel_dump_traceback_later()
     result.update(python=sys.version.split()[0], switch=sys.getswitchinterval(), seed=a.seed)
+    if timeoutcore.ENGINE == "native":  # which delivery paths the run went through
+        from timeoutcore import _native
+
+        stats = _native.stats()
+        result["paths"] = {k: stats[k] for k in ("hook_raises", "self_fires", "direct_raises",
+                                                 "pending_raises", "async_fallbacks")}
     print(json.dumps(result))
 
 

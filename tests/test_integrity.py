@@ -8,6 +8,7 @@ suite; the targeted tests drive a deadline into one critical section each.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -786,6 +787,39 @@ def _protected_spin(seconds: float) -> None:
         n += 1
         if not n % 65536 and time.perf_counter() > end:
             return
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12) or FREE_THREADED,
+                    reason="the self-fire: 3.12+ with a GIL")
+def test_a_thread_that_fires_itself_never_raises_inside_protected_code() -> None:
+    """A thread that holds the GIL at its deadline runs the watchdog's pending call at its
+    next eval-breaker check, wherever that is (csrc/tc_deliver.c: pc_fire). Inside a
+    protected call it only asks to be run again, so the interrupt surfaces once the call
+    has returned, at the caller's back-edge -- still by the pending call, no hook. (A trial
+    whose thread lost the GIL meanwhile, to another test's leftover thread on a loaded
+    machine, is delivered by the hook -- also after the call: every trial checks that.)"""
+    from timeoutcore import _native
+
+    by_call = 0
+    for _ in range(5):
+        before = _native.stats()
+        calls, returned = [], []
+        with pytest.raises(DeadlineExceeded):
+            with timeoutcore.thread_deadline(0.02):
+                for _ in itertools.count():
+                    _protected_spin_noted(0.1, calls, returned)
+        assert len(calls) == len(returned) == 1, (calls, returned)  # never inside it
+        by_call += _native.stats()["pending_raises"] > before["pending_raises"]
+        if by_call:
+            break
+    assert by_call, "no trial was stopped by the pending call"
+
+
+@timeoutcore.protected
+def _protected_spin_noted(seconds: float, calls: list[int], returned: list[int]) -> None:
+    calls.append(1)
+    _protected_spin(seconds)
+    returned.append(1)
 
 
 def test_a_thread_paused_at_a_back_edge_in_protected_code_waits_for_the_hook() -> None:

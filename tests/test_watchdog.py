@@ -35,6 +35,15 @@ PREARM_IF_QUIET = sys.version_info >= (3, 12) and not FREE_THREADED
 #: ... and how early: the GIL anticipation's lead, or free-threaded at least 10 ms (twice the
 #: recent cost of switching the delivery events on, which stops the world).
 PREARM_LEAD = 0.010 if FREE_THREADED else 200e-6 + 800e-6
+#: 3.12+ with a GIL, a thread that holds the GIL when the watchdog would anticipate its
+#: deadline fires it itself instead (csrc/tc_watchdog.c: the self-fire); the hook is
+#: pre-armed for a thread that does not -- here, one asleep at that moment.
+SELF_FIRE = sys.version_info >= (3, 12) and not FREE_THREADED
+
+
+def _asleep_past_the_lead(scope: timeoutcore.DeadlineScope) -> None:
+    """Sleep (without the GIL) until half a lead before the scope's deadline."""
+    time.sleep(max(0.0, scope.when() - PREARM_LEAD / 2 - time.monotonic()))
 
 
 def _expected_anticipation(crowd: float) -> tuple[float, float, float]:
@@ -101,13 +110,15 @@ def test_every_thread_due_at_once_is_stopped() -> None:
 def _wait_for_window(set_to: "float | None" = None) -> float:
     """Inside a guarded block: wait (protected, so the block's interrupt waits too and the
     window stays open) until the switch interval is lowered; returns what it read, after
-    setting ``set_to`` if given (the user's own setting, during the window)."""
+    setting ``set_to`` if given (the user's own setting, during the window). It waits asleep:
+    a thread that holds the GIL ahead of its deadline is left to fire it itself, and the
+    window is for a thread that must get the GIL back (3.12+: the self-fire)."""
     scope = timeoutcore.current_scope()
     assert scope is not None
     scope.reschedule(time.monotonic() + 0.01)  # from in here: it cannot pass before we are
     give_up = time.monotonic() + 5
     while sys.getswitchinterval() > 0.001 and time.monotonic() < give_up:
-        pass
+        time.sleep(0.0002)
     seen = sys.getswitchinterval()
     if set_to is not None:
         sys.setswitchinterval(set_to)
@@ -261,11 +272,35 @@ def test_a_prearmed_thread_fires_its_own_deadline() -> None:
         scope = timeoutcore.thread_deadline(0.03)
         with pytest.raises(DeadlineExceeded):
             with scope:
+                _asleep_past_the_lead(scope)
                 burn(5)
         assert scope.overshoot is not None and scope.overshoot < LATE
     after = _stats()
     assert after["prearms"] > before["prearms"]
     assert after["self_fires"] > before["self_fires"], (before, after)
+    assert after["hooked_now"] == 0
+
+
+@pytest.mark.skipif(not SELF_FIRE, reason="3.12+ with a GIL (3.11 runs pending calls in "
+                    "the main thread only)")
+def test_a_thread_holding_the_gil_at_its_deadline_fires_it_itself() -> None:
+    """A thread that holds the GIL when its deadline comes is stopped without the GIL
+    changing hands: the watchdog queues a pending call, which the thread runs at its next
+    eval-breaker check and which raises at its loop's back-edge (csrc/tc_deliver.c:
+    pc_fire). The exception was built in the thread ahead of the deadline, by another such
+    call. (A trial that lost the GIL before its deadline, on a loaded machine, is fired the
+    usual way: one in twenty shows the path.)"""
+    before = _stats()
+    for _ in range(20):
+        scope = timeoutcore.thread_deadline(0.03)
+        with pytest.raises(DeadlineExceeded):
+            with scope:
+                burn(5)
+        assert scope.overshoot is not None and scope.overshoot < LATE
+    after = _stats()
+    assert after["pending_raises"] > before["pending_raises"], (before, after)
+    assert after["pending_calls"] >= after["pending_raises"] - before["pending_raises"]
+    assert after["prepared"] > before["prepared"], (before, after)
     assert after["hooked_now"] == 0
 
 
@@ -279,6 +314,7 @@ def test_a_block_that_ends_after_the_prearm_leaves_no_hook_armed() -> None:
         scope = timeoutcore.thread_deadline(0.03)
         try:
             with scope:
+                _asleep_past_the_lead(scope)
                 _spin_until(scope.when() - PREARM_LEAD / 4)
             ended_early += 1
         except DeadlineExceeded:  # descheduled at the wrong moment: it overran
