@@ -997,8 +997,11 @@ static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
  * instruction; at any other check (a call that just returned, a function's
  * RESUME) it queues itself again for the next one -- the same check runs it
  * again at once, up to CPython's per-check limit, which the remembered place
- * makes cheap -- and after TC_PC_MAX_DECLINES such checks it fires for the
- * hook, which raises at the next line boundary.
+ * makes cheap.  Inside protected code it waits that way as long as it takes
+ * (recording the deferral as the hook does); elsewhere, after
+ * TC_PC_MAX_DECLINES checks none of which was a usable back-edge (code
+ * without loops), it fires for the hook, which raises at the next line
+ * boundary.
  *
  * Race analysis.  Everything here runs with the GIL, in the slot's own
  * thread; the watchdog, without the GIL, only sets pc_queued and queues the
@@ -1024,7 +1027,13 @@ static int pc_fire(void *arg)
     if (s != t_slot || atomic_load(&s->state) != SLOT_ARMED || atomic_load(&s->shield) > 0 ||
         s->pending != NULL || (cur = PyEval_GetFrame()) == NULL)
         return 0;
+    if (s->pc_gen != atomic_load(&s->gen)) { /* a new deadline: count afresh */
+        s->pc_gen = atomic_load(&s->gen);
+        s->pc_frame = NULL;
+        s->pc_declines = 0;
+    }
     if ((const void *)cur != s->pc_frame || PyFrame_GetLasti(cur) != s->pc_lasti) {
+        int usable = 0;
 #if TC_TRACK_FRAMES
         Py_INCREF(cur); /* consumed */
         if (slot_prune_stale(s, cur))
@@ -1035,6 +1044,7 @@ static int pc_fire(void *arg)
             return 0;
         if (tc_breaker_back_edge(cur) && !interrupt_in_flight(PyThreadState_Get())) {
             PyObject *where = NULL;
+            usable = 1;
             Py_INCREF(cur); /* consumed */
             if (stack_protected(cur, as_scope(due), s->deferred_since == 0 ? &where : NULL)) {
                 /* as the hook records it (deliver_here) */
@@ -1048,7 +1058,6 @@ static int pc_fire(void *arg)
                 int64_t deferred = s->deferred_since != 0 ? now - s->deferred_since : 0;
                 if (slot_fire(s, now, 1)) { /* takes back: deferred_since goes */
                     s->pc_frame = NULL;
-                    s->pc_declines = 0;
                     if (s->fired != NULL) {
                         as_scope(s->fired)->delivered_at = now;
                         as_scope(s->fired)->deferred_ns += deferred;
@@ -1058,9 +1067,8 @@ static int pc_fire(void *arg)
                 }
             }
         }
-        if (++s->pc_declines > TC_PC_MAX_DECLINES) {
+        if (!usable && ++s->pc_declines > TC_PC_MAX_DECLINES) {
             s->pc_frame = NULL;
-            s->pc_declines = 0;
             (void)slot_fire(s, now, 0); /* for the hook */
             return 0;
         }

@@ -115,16 +115,17 @@
  * to build its exception (wd_prepare, in the thread); past the deadline it
  * looks every TC_WATCH_AFTER_NS until the thread has fired -- every
  * TC_WATCH_SLOW_NS after TC_WATCH_MAX_NS -- and gives up (the usual fire,
- * with the GIL) as soon as the thread lets the GIL go.  A thread whose breaker checks never come at a
- * back-edge asks to be run again at most TC_PC_MAX_DECLINES times, then
- * arms the hook. */
+ * with the GIL) as soon as the thread lets the GIL go.  A thread whose
+ * breaker checks come at no usable back-edge (code without loops) asks to
+ * be run again at most TC_PC_MAX_DECLINES times, then arms the hook (inside
+ * protected code it waits as long as that runs). */
 #define TC_WATCH_POLL_NS 100000LL
 #define TC_WATCH_SPIN_NS 100000LL
 #define TC_WATCH_PREPARE_NS 450000LL
 #define TC_WATCH_AFTER_NS 30000LL
 #define TC_WATCH_MAX_NS 2000000LL
 #define TC_WATCH_SLOW_NS 1000000LL
-#define TC_PC_MAX_DECLINES 4096
+#define TC_PC_MAX_DECLINES 64
 
 /* The watchdog prepares the exception
  * (tc_watchdog.c: wd_prepare) only if at least this long is left: building
@@ -231,7 +232,9 @@ typedef struct tc_slot {
     uint64_t kick_gen;             /* watchdog: gen it kicked while watched */
     const void *pc_frame;          /* GIL: where pc_fire last declined     */
     int pc_lasti;
-    int pc_declines;               /* GIL: declines since the last raise  */
+    uint64_t pc_gen;               /* GIL: the gen its declines count for  */
+    int pc_declines;               /* GIL: checks that were no usable
+                                      back-edge, for that gen              */
     int hook_skips;                /* owner thread: hook_core_busy's count */
     int64_t deferred_since;        /* first time the hook found protected
                                       code on the stack, 0 if not yet      */
