@@ -404,21 +404,30 @@ static inline int tc_uncovered_no_raise(PyFrameObject *f, int off)
  * 1 if frame `f` is at a JUMP_BACKWARD whose own unit, target and the unit
  * before the target all have the same handler: the loop's.  (3.11's
  * POP_JUMP_BACKWARD_IF_* check the breaker too; they are left to the hook.) */
+/* The unit a JUMP_BACKWARD at byte `off` jumps to, or -1 if there is none
+ * there.  Its oparg counts back from the unit after it and its cache: none on
+ * 3.11 and 3.12, one unit from 3.13. */
+#define TC_JUMP_BACKWARD_CACHE (PY_VERSION_HEX >= 0x030D0000 ? 1 : 0)
+static inline int tc_jump_back_target(const unsigned char *b, Py_ssize_t n, int off)
+{
+    int oparg, shift = 8, target;
+    if (off + 1 >= n || b[off] != JUMP_BACKWARD)
+        return -1;
+    oparg = b[off + 1];
+    for (int p = off - 2; p >= 0 && b[p] == EXTENDED_ARG && shift < 32; p -= 2, shift += 8)
+        oparg |= b[p + 1] << shift;
+    target = off / 2 + 1 + TC_JUMP_BACKWARD_CACHE - oparg;
+    return target >= 0 && target <= off / 2 ? target : -1;
+}
+
 #if PY_VERSION_HEX < 0x030D0000 && !TC_FREE_THREADED
 #define TC_DIRECT_BACK_EDGE 1
 static inline int tc_back_edge_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n, int off)
 {
-    int oparg, shift = 8, from, target, h;
-    if (off + 1 >= n || b[off] != JUMP_BACKWARD) /* 3.11, 3.12: no cache entry */
+    int target = tc_jump_back_target(b, n, off), h;
+    if (target < 1)
         return 0;
-    oparg = b[off + 1];
-    for (int p = off - 2; p >= 0 && b[p] == EXTENDED_ARG && shift < 32; p -= 2, shift += 8)
-        oparg |= b[p + 1] << shift;
-    from = off / 2;
-    target = from + 1 - oparg;
-    if (target < 1 || target > from)
-        return 0;
-    h = tc_exc_handler(code, from);
+    h = tc_exc_handler(code, off / 2);
     return h == tc_exc_handler(code, target) && h == tc_exc_handler(code, target - 1);
 }
 
@@ -441,8 +450,7 @@ static inline int tc_back_edge_in_loop(PyFrameObject *f)
  * a JUMP_BACKWARD whose raise lands in the loop's own handler.  3.12 takes
  * the jump before the check (the exception belongs to the unit before the
  * target: tc_back_edge_in_loop); 3.13 and 3.14 check first, so it belongs
- * to the jump itself, which must share the handler of the jump's target
- * (one cache unit: target = unit + 2 - oparg).  3.13 leaves the closing
+ * to the jump itself, which must share the handler of the jump's target.  3.13 leaves the closing
  * jump of a `while <cond>:` loop outside the handler ranges (cpython#130279;
  * 3.13.0: `with lock: while cond(): ...`, the jump one past the range's
  * end): refused, so such a loop is left to the hook. */
@@ -452,18 +460,8 @@ static inline int tc_back_edge_in_loop(PyFrameObject *f)
 static inline int tc_breaker_back_edge_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n,
                                             int off)
 {
-    int oparg, shift = 8, from, target, h;
-    if (off + 1 >= n || b[off] != JUMP_BACKWARD)
-        return 0;
-    oparg = b[off + 1];
-    for (int p = off - 2; p >= 0 && b[p] == EXTENDED_ARG && shift < 32; p -= 2, shift += 8)
-        oparg |= b[p + 1] << shift;
-    from = off / 2;
-    target = from + 2 - oparg;
-    if (target < 0 || target > from)
-        return 0;
-    h = tc_exc_handler(code, from);
-    return h == tc_exc_handler(code, target);
+    int target = tc_jump_back_target(b, n, off);
+    return target >= 0 && tc_exc_handler(code, off / 2) == tc_exc_handler(code, target);
 }
 
 static inline int tc_breaker_back_edge(PyFrameObject *f)
