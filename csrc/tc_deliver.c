@@ -864,6 +864,9 @@ static int deliver_here(tc_slot *s, int vetted, int mode)
     if (tc_at_with_exit(cur) || tc_in_with_enter_gap(cur) ||
         (!vetted && tc_uncovered_no_raise(cur, PyFrame_GetLasti(cur))))
         return 0; /* the next line boundary will do */
+    if (tc_gc_collecting())
+        return 0; /* a finalizer the collector runs: raised there, the interrupt would
+                     only be reported as ignored (and a report hook hit in turn) */
     if (interrupt_in_flight(me))
         return 0; /* already on its way out; if swallowed, this one follows */
     now = now_ns();
@@ -997,8 +1000,9 @@ static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
  * instruction; at any other check (a call that just returned, a function's
  * RESUME) it queues itself again for the next one -- the same check runs it
  * again at once, up to CPython's per-check limit, which the remembered place
- * makes cheap.  Inside protected code it waits that way as long as it takes
- * (recording the deferral as the hook does); elsewhere, after
+ * makes cheap.  Inside protected code, or while the collector runs (it may
+ * run finalizers in this very check, after this call), it waits that way as
+ * long as it takes (recording a deferral as the hook does); elsewhere, after
  * TC_PC_MAX_DECLINES checks none of which was a usable back-edge (code
  * without loops), it fires for the hook, which raises at the next line
  * boundary.
@@ -1042,7 +1046,9 @@ static int pc_fire(void *arg)
         now = now_ns();
         if ((due = stack_due(s->top, now)) == NULL)
             return 0;
-        if (tc_breaker_back_edge(cur) && !interrupt_in_flight(PyThreadState_Get())) {
+        if (tc_gc_collecting())
+            usable = 1; /* a finalizer the collector runs (deliver_here): wait, uncounted */
+        else if (tc_breaker_back_edge(cur) && !interrupt_in_flight(PyThreadState_Get())) {
             PyObject *where = NULL;
             usable = 1;
             Py_INCREF(cur); /* consumed */

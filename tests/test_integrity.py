@@ -789,6 +789,42 @@ def _protected_spin(seconds: float) -> None:
             return
 
 
+def test_no_interrupt_lands_in_a_finalizer_the_collector_runs() -> None:
+    """A deadline that passes while the garbage collector runs a finalizer in the guarded
+    thread waits for the collection to end: raised in there, the interrupt would only be
+    reported as ignored (and a report hook that runs Python code could be hit in turn). A
+    CI run saw that chain end in pytest's own unraisable hook."""
+    import gc
+
+    ran: list[int] = []
+    ignored: list[Any] = []
+
+    class Slow:
+        me: Any = None
+
+        def __del__(self) -> None:
+            end = time.monotonic() + 0.05
+            n = 0
+            while time.monotonic() < end:  # past the deadline, in a loop: a raise point
+                n += 1
+            ran.append(n)
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: ignored.append(u.exc_type)
+    try:
+        with pytest.raises(DeadlineExceeded):
+            with timeoutcore.thread_deadline(0.01):
+                obj = Slow()
+                obj.me = obj  # a cycle: only the collector frees it
+                del obj
+                gc.collect()
+                for _ in itertools.count():
+                    pass
+    finally:
+        sys.unraisablehook = hook
+    assert len(ran) == 1 and ignored == [], (ran, ignored)
+
+
 @pytest.mark.skipif(sys.version_info < (3, 12) or FREE_THREADED,
                     reason="the self-fire: 3.12+ with a GIL")
 def test_a_thread_that_fires_itself_never_raises_inside_protected_code() -> None:
