@@ -841,9 +841,28 @@ done:
  * instruction is no safe place (tc_compat.h).
  * Returns -1 with the exception set when it raised (DELIVER_ASYNC_SELF: 0,
  * the exception on its way; DELIVER_DECIDE: 1, nothing done), else 0. */
+/* Is protected code on the stack from `cur` (a new reference, consumed) to
+ * scope `scope`'s frame?  Then the delivery waits: the first wait is noted
+ * (since when, and the outermost protected frame on `scope`). */
+static int stack_defers(tc_slot *s, PyFrameObject *cur, PyObject *scope, int64_t now)
+{
+    PyObject *where = NULL;
+    if (!stack_protected(cur, scope != NULL ? as_scope(scope) : NULL,
+                         s->deferred_since == 0 ? &where : NULL))
+        return 0;
+    if (s->deferred_since == 0) {
+        s->deferred_since = now;
+        if (scope != NULL && where != NULL)
+            Py_XSETREF(as_scope(scope)->deferred_where, where);
+        else
+            Py_XDECREF(where);
+    }
+    return 1;
+}
+
 static int deliver_here(tc_slot *s, int vetted, int mode)
 {
-    PyObject *scope = s->pending_scope, *where = NULL;
+    PyObject *scope = s->pending_scope;
     int64_t now;
     STAT_INC(hook_calls);
     if (atomic_load(&s->shield) > 0)
@@ -871,15 +890,7 @@ static int deliver_here(tc_slot *s, int vetted, int mode)
         return 0; /* already on its way out; if swallowed, this one follows */
     now = now_ns();
     Py_INCREF(cur);
-    if (stack_protected(cur, scope != NULL ? as_scope(scope) : NULL,
-                        s->deferred_since == 0 ? &where : NULL)) {
-        if (s->deferred_since == 0) {
-            s->deferred_since = now;
-            if (scope != NULL && where != NULL)
-                Py_XSETREF(as_scope(scope)->deferred_where, where);
-            else
-                Py_XDECREF(where);
-        }
+    if (stack_defers(s, cur, scope, now)) {
         STAT_INC(hook_defers);
         return 0;
     }
@@ -1049,18 +1060,9 @@ static int pc_fire(void *arg)
         if (tc_gc_collecting())
             usable = 1; /* a finalizer the collector runs (deliver_here): wait, uncounted */
         else if (tc_breaker_back_edge(cur) && !interrupt_in_flight(PyThreadState_Get())) {
-            PyObject *where = NULL;
             usable = 1;
             Py_INCREF(cur); /* consumed */
-            if (stack_protected(cur, as_scope(due), s->deferred_since == 0 ? &where : NULL)) {
-                /* as the hook records it (deliver_here) */
-                if (s->deferred_since == 0) {
-                    s->deferred_since = now;
-                    if (where != NULL)
-                        Py_XSETREF(as_scope(due)->deferred_where, where);
-                }
-            }
-            else {
+            if (!stack_defers(s, cur, due, now)) {
                 int64_t deferred = s->deferred_since != 0 ? now - s->deferred_since : 0;
                 if (slot_fire(s, now, 1)) { /* takes back: deferred_since goes */
                     s->pc_frame = NULL;

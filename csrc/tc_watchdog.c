@@ -516,18 +516,21 @@ static int watch_again(tc_slot *s, uint64_t gen, int64_t at)
     return 1;
 }
 
+/* Does slot s's thread hold the GIL (a moment's look, without the GIL)? */
+static int slot_holds_gil(tc_slot *s)
+{
+    const void *holder = NULL;
+    return tc_gil_holder(&holder) == 1 && holder == atomic_load(&s->tstate_id);
+}
+
 /* Without the GIL, slot ev due: 1 if it is watched (plan again), 0 if the
  * watchdog must act the usual way. */
 static int wd_watch(wd_event ev)
 {
     tc_slot *s = ev.slot;
-    const void *holder = NULL;
     int64_t now = now_ns();
-    if (ev.deadline == TC_NEVER || atomic_load(&s->prearmed) || tc_gil_holder(&holder) != 1 ||
-        holder != atomic_load(&s->tstate_id)) {
-        atomic_store(&s->watch_at, 0);
-        return 0;
-    }
+    if (ev.deadline == TC_NEVER || atomic_load(&s->prearmed) || !slot_holds_gil(s))
+        goto usual;
     if (now < ev.deadline) {
         if (ev.deadline - now <= TC_WATCH_PREPARE_NS && s->prepare_gen != ev.gen) {
             s->prepare_gen = ev.gen;
@@ -540,17 +543,14 @@ static int wd_watch(wd_event ev)
         }
         while (now_ns() < ev.deadline && atomic_load(&s->gen) == ev.gen)
             cpu_relax();
-        if (tc_gil_holder(&holder) != 1 || holder != atomic_load(&s->tstate_id)) {
-            atomic_store(&s->watch_at, 0);
-            return 0;
-        }
+        if (!slot_holds_gil(s))
+            goto usual;
     }
     if (!atomic_load(&s->pc_queued)) {
         atomic_store(&s->pc_queued, 1);
         if (tc_add_pending(pc_fire, s) != 0) {
             atomic_store(&s->pc_queued, 0);
-            atomic_store(&s->watch_at, 0);
-            return 0;
+            goto usual;
         }
         STAT_INC(pending_calls);
     }
@@ -565,6 +565,9 @@ static int wd_watch(wd_event ev)
         slot_wake_and_kick(s);
     }
     return watch_again(s, ev.gen, now + TC_WATCH_SLOW_NS);
+usual:
+    atomic_store(&s->watch_at, 0);
+    return 0;
 }
 #endif
 
