@@ -1020,10 +1020,10 @@ static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
  *
  * Race analysis.  Everything here runs with the GIL, in the slot's own
  * thread; the watchdog, without the GIL, only sets pc_queued and queues the
- * call (a call queued twice is harmless: the second finds nothing due or
- * fires nothing more).  A call that runs after the scope ended, or in
- * another thread, finds the slot not ARMED, or not its own, and only clears
- * pc_queued; the watchdog queues again while the thread holds the GIL, and
+ * call, one at a time (pc_fire below; a call that finds nothing due or
+ * fires nothing more is harmless anyway).  A call that runs after the scope
+ * ended, or in another thread, finds the slot not ARMED, or not its own,
+ * and only clears pc_queued; the watchdog queues again while the thread holds the GIL, and
  * otherwise fires the usual way (it then holds the GIL: the states move
  * under it).  Slots are never freed, so `arg` stays valid. */
 static PyObject *stack_due(PyObject *top, int64_t now); /* tc_slot.c */
@@ -1032,13 +1032,11 @@ static int slot_prune_stale(tc_slot *s, PyFrameObject *cur); /* tc_slot.c */
 static void slot_publish(tc_slot *s);                       /* tc_slot.c */
 #endif
 
-static int pc_fire(void *arg)
+static int pc_fire_here(tc_slot *s, int *again)
 {
-    tc_slot *s = (tc_slot *)arg;
     PyFrameObject *cur;
     PyObject *due;
     int64_t now;
-    atomic_store(&s->pc_queued, 0);
     if (s != t_slot || atomic_load(&s->state) != SLOT_ARMED || atomic_load(&s->shield) > 0 ||
         s->pending != NULL || (cur = PyEval_GetFrame()) == NULL)
         return 0;
@@ -1082,11 +1080,39 @@ static int pc_fire(void *arg)
         }
         s->pc_frame = (const void *)cur;
         s->pc_lasti = PyFrame_GetLasti(cur);
+        s->pc_waiting = usable;
+        s->pc_since = now;
     }
-    atomic_store(&s->pc_queued, 1);
-    if (tc_add_pending(pc_fire, s) != 0)
-        atomic_store(&s->pc_queued, 0); /* full: the watchdog decides */
+    else if (!s->pc_waiting && now_ns() - s->pc_since > TC_PC_SAME_NS) {
+        /* Declined here already, and here again, check after check: a loop
+         * whose only breaker check is no usable back-edge (`while <cond>:`
+         * on 3.13, cpython#130279) would never see the raise.  The hook
+         * takes over (it raises at the loop's next line). */
+        s->pc_frame = NULL;
+        (void)slot_fire(s, now_ns(), 0);
+        return 0;
+    }
+    *again = 1;
     return 0;
+}
+
+/* The pending call itself.  pc_queued is set by whoever queues it (the
+ * watchdog, with it clear) and stays set while a call is queued or running:
+ * a call that asks to run again queues itself with the flag still set, and
+ * only a call that does not -- or whose queueing fails (full: the watchdog
+ * decides) -- clears it.  So there is never more than one call per slot in
+ * CPython's queue: with the flag cleared on entry instead, a watchdog look
+ * while a call ran added a second one, and calls that each queue themselves
+ * again never shrink in number -- a thread deferred 100 ms in protected code
+ * filled 3.12's queue of 32, and the next look found it full. */
+static int pc_fire(void *arg)
+{
+    tc_slot *s = (tc_slot *)arg;
+    int again = 0;
+    int r = pc_fire_here(s, &again);
+    if (!again || tc_add_pending(pc_fire, s) != 0)
+        atomic_store(&s->pc_queued, 0);
+    return r;
 }
 #endif
 

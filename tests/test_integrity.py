@@ -858,6 +858,59 @@ def _protected_spin_noted(seconds: float, calls: list[int], returned: list[int])
     returned.append(1)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 12) or FREE_THREADED,
+                    reason="the self-fire: 3.12+ with a GIL")
+def test_a_deferred_self_fire_keeps_one_pending_call_queued() -> None:
+    """While protected code holds the interrupt back, the pending call keeps asking to run
+    again -- as one call: the watchdog queues it once, not again at every look (calls that
+    each queue themselves again would never shrink in number, and filled 3.12's queue of 32
+    within 100 ms, after which the self-fire gave up). A stray second call (another thread
+    ran it: it only clears the flag) is allowed, dozens are the bug."""
+    from timeoutcore import _native
+
+    queued = []
+    for _ in range(3):
+        before = _native.stats()
+        calls: list[int] = []
+        returned: list[int] = []
+        with pytest.raises(DeadlineExceeded):
+            with timeoutcore.thread_deadline(0.02):
+                for _ in itertools.count():
+                    _protected_spin_noted(0.2, calls, returned)
+        after = _native.stats()
+        if after["pending_raises"] > before["pending_raises"]:  # the thread kept the GIL
+            queued.append(after["pending_calls"] - before["pending_calls"])
+    assert queued, "no trial was stopped by the pending call"
+    assert min(queued) <= 3, queued
+
+
+def test_a_loop_whose_only_check_is_no_usable_back_edge_still_stops_on_time() -> None:
+    """``while n >= 0: n += 1`` checks the eval breaker at one place only, where the
+    pending call may not raise (the back-edge of a ``while <cond>:`` loop): it must hand
+    over to the hook after a little while instead of asking to run there again forever. It
+    used to stop such a loop only once its repeated calls had filled CPython's queue: a 20
+    ms deadline landed 0.4-1.5 s late on 3.12.1 and ~2 s late on 3.13.0."""
+    late: list[float] = []
+    for _ in range(3):
+        box: dict[str, float] = {}
+
+        def run() -> None:
+            n = 0
+            try:
+                with timeoutcore.thread_deadline(0.02) as scope:
+                    while n >= 0:
+                        n += 1
+            except DeadlineExceeded:
+                box["late"] = time.monotonic() - scope.when()
+
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(10)
+        assert "late" in box, "the loop was not stopped within 10 s"
+        late.append(box["late"])
+    assert min(late) < 0.2, late  # generous: ~0.5 ms here, against 400+ ms before
+
+
 def test_a_thread_paused_at_a_back_edge_in_protected_code_waits_for_the_hook() -> None:
     """The outside check sees protected code on the paused thread's stack: nothing is sent
     directly; the hook delivers once the protected call has returned."""
