@@ -1023,8 +1023,9 @@ static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
  * call, one at a time (pc_fire below; a call that finds nothing due or
  * fires nothing more is harmless anyway).  A call that runs after the scope
  * ended, or in another thread, finds the slot not ARMED, or not its own,
- * and only clears pc_queued; the watchdog queues again while the thread holds the GIL, and
- * otherwise fires the usual way (it then holds the GIL: the states move
+ * and only clears pc_queued (in another thread it may fire a remote cancel:
+ * pc_fire_for); the watchdog queues again while the thread holds the GIL,
+ * and otherwise fires the usual way (it then holds the GIL: the states move
  * under it).  Slots are never freed, so `arg` stays valid. */
 static PyObject *stack_due(PyObject *top, int64_t now); /* tc_slot.c */
 #if TC_TRACK_FRAMES
@@ -1032,14 +1033,41 @@ static int slot_prune_stale(tc_slot *s, PyFrameObject *cur); /* tc_slot.c */
 static void slot_publish(tc_slot *s);                       /* tc_slot.c */
 #endif
 
+/* pc_fire in a thread other than the slot's: if a cancel off the control
+ * channel waits on the slot (tc_watchdog.c: wd_watch queued the call for the
+ * GIL's holder), fire it from here, as the watchdog's sweep would with the
+ * GIL (Scope.reschedule does the same from the thread that cancels): the
+ * interrupt goes to the slot's thread by the usual delivery, to surface at
+ * a safe point there; nothing is raised in this thread.  Any other call that
+ * lands here does nothing: the watchdog goes on watching, or acts itself. */
+#if TC_TRACK_FRAMES
+static void wd_prune_slot(tc_slot *s); /* tc_watchdog.c */
+#endif
+static void pc_fire_for(tc_slot *s)
+{
+    if (!atomic_load(&s->remote_req) || !s->alive || atomic_load(&s->state) != SLOT_ARMED ||
+        atomic_load(&s->shield) > 0 || s->pending != NULL)
+        return;
+#if TC_TRACK_FRAMES
+    wd_prune_slot(s); /* the sweep's first step (3.13) */
+#endif
+    if (slot_fire(s, now_ns(), 0))
+        STAT_INC(remote_relays);
+}
+
 static int pc_fire_here(tc_slot *s, int *again)
 {
     PyFrameObject *cur;
     PyObject *due;
     int64_t now;
-    if (s != t_slot || atomic_load(&s->state) != SLOT_ARMED || atomic_load(&s->shield) > 0 ||
+    if (s != t_slot) {
+        pc_fire_for(s);
+        return 0;
+    }
+    if (atomic_load(&s->state) != SLOT_ARMED || atomic_load(&s->shield) > 0 ||
         s->pending != NULL || (cur = PyEval_GetFrame()) == NULL)
         return 0;
+    slot_apply_remote(s, now_ns()); /* a cancel off the control channel: due now */
     if (s->pc_gen != atomic_load(&s->gen)) { /* a new deadline: count afresh */
         s->pc_gen = atomic_load(&s->gen);
         s->pc_frame = NULL;

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <time.h>
@@ -235,6 +236,10 @@ typedef struct tc_slot {
     _Atomic uint64_t watch_gen;    /* ... this gen                         */
     uint64_t prepare_gen;          /* watchdog: gen it asked to prepare for */
     uint64_t kick_gen;             /* watchdog: gen it kicked while watched */
+    /* Remote cancels (tc_remote.c): set without the GIL by the control
+     * channel's reader (remote_mark), taken with it at fire time. */
+    _Atomic int remote_req;        /* a scope of this slot was marked      */
+    _Atomic int64_t remote_at;     /* when (written before remote_req)     */
     const void *pc_frame;          /* GIL: where pc_fire last declined     */
     int pc_lasti;
     uint64_t pc_gen;               /* GIL: the gen its declines count for  */
@@ -265,7 +270,7 @@ typedef struct tc_slot {
 
 enum { SCOPE_NEW = 0, SCOPE_ACTIVE = 1, SCOPE_DONE = 2 };
 
-/* Every field is read and written with the GIL held. */
+/* Every field is read and written with the GIL held, but remote_cancel. */
 typedef struct Scope {
     PyObject_HEAD
     PyObject *label;
@@ -296,6 +301,9 @@ typedef struct Scope {
     PyObject *deferred_where; /* "file:line in function" that held it     */
     PyObject *prepared;    /* its DeadlineExceeded, built by the watchdog
                               ahead of the deadline (wd_prepare), or NULL */
+    _Atomic int remote_cancel; /* a cancel for it came off the control
+                              channel (tc_remote.c: set without the GIL
+                              by remote_mark, taken by slot_apply_remote) */
 } Scope;
 
 static inline Scope *as_scope(PyObject *o) { return (Scope *)o; }
@@ -322,7 +330,8 @@ static struct {
     _Atomic uint64_t slots_live, timers_live, fires, reinjections, kicks, signals_seen,
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
-        rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises;
+        rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
+        remote_cancels, remote_relays;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)
@@ -337,5 +346,8 @@ static void wd_wake(void);
 static void wd_notify(int64_t deadline);
 static int wd_ensure(void);
 static int wd_running(void);
+
+/* tc_remote.c */
+static void slot_apply_remote(struct tc_slot *s, int64_t now);
 
 #endif /* TC_INTERNAL_H */

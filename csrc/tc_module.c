@@ -528,22 +528,27 @@ static PyObject *mod_ensure_watchdog_locked(PyObject *m, PyObject *unused)
 }
 TC_LOCKED_2(PyObject *, mod_ensure_watchdog, PyObject *, PyObject *)
 
-/* _wait_readable(fd, timeout) -> bool: wait, without the GIL, until `fd` is
- * readable (or hung up, or invalid) or `timeout` seconds have passed; when
- * it is ready, take the GIL back *urgently*: the watchdog opens the fast
- * window (tc_watchdog.c: wd_urgent_begin), so that in a busy process this
- * thread gets the GIL after a fast switch interval, not a whole one, and
- * keeps it open until this thread's next _wait_readable (or
- * TC_URGENT_MAX_NS).  True if fd was ready; False after the timeout or an
- * interrupted poll (the caller loops).  For a thread with urgent work and
- * no deadline of its own (the registry's subscriber): it touches no slot,
- * so a scope around it does not shorten the wait. */
+/* _wait_readable(fd, timeout, control=False) -> bool: wait, without the
+ * GIL, until `fd` is readable (or hung up, or invalid) or `timeout` seconds
+ * have passed; when it is ready, take the GIL back *urgently*: the watchdog
+ * opens the fast window (tc_watchdog.c: wd_urgent_begin), so that in a busy
+ * process this thread gets the GIL after a fast switch interval, not a
+ * whole one, and keeps it open until this thread's next _wait_readable (or
+ * TC_URGENT_MAX_NS).  With `control` (the registry's subscriber socket), the
+ * bytes that made it ready are first peeked at for cancels of armed scopes
+ * (tc_remote.c: remote_peek), which are applied at once, without the GIL;
+ * if that was all there was, the GIL is taken back without urgency, once
+ * the cancelled jobs have had it (remote_yield).  True
+ * if fd was ready; False after the timeout or an interrupted poll (the
+ * caller loops).  For a thread with urgent work and no deadline of its own:
+ * it touches no slot, so a scope around it does not shorten the wait. */
 static PyObject *mod_wait_readable(PyObject *m, PyObject *args)
 {
     (void)m;
-    int fd, r, err = 0;
+    int fd, r, err = 0, control = 0, handled;
+    tc_slot *marked[TC_PEEK_SLOTS];
     double timeout;
-    if (!PyArg_ParseTuple(args, "id:_wait_readable", &fd, &timeout))
+    if (!PyArg_ParseTuple(args, "id|p:_wait_readable", &fd, &timeout, &control))
         return NULL;
     if (fd < 0) {
         PyErr_Format(PyExc_ValueError, "_wait_readable(): fd must be >= 0, not %d", fd);
@@ -559,6 +564,8 @@ static PyObject *mod_wait_readable(PyObject *m, PyObject *args)
     r = poll(&p, 1, (int)ceil(timeout * 1e3));
     if (r < 0)
         err = errno;
+    else if (r > 0 && control && (handled = remote_peek(fd, marked)) > 0)
+        remote_yield(marked, handled); /* nothing urgent left: the jobs go first */
     else if (r > 0)
         wd_urgent_begin();
     Py_END_ALLOW_THREADS
@@ -567,6 +574,35 @@ static PyObject *mod_wait_readable(PyObject *m, PyObject *args)
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     return PyBool_FromLong(r > 0);
+}
+
+/* _remote_arm(scope, token): let a cancel naming `token` on the registry's
+ * control channel stop `scope` without waiting for the GIL (tc_remote.c).
+ * Called in the thread that enters it, before it does. */
+static PyObject *mod_remote_arm_locked(PyObject *m, PyObject *args)
+{
+    (void)m;
+    PyObject *scope, *token;
+    if (!PyArg_ParseTuple(args, "OO:_remote_arm", &scope, &token) || remote_arm(scope, token) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+TC_LOCKED_2(PyObject *, mod_remote_arm, PyObject *, PyObject *)
+
+/* _remote_disarm(scope) -> bool: the arm taken back (False: there was none). */
+static PyObject *mod_remote_disarm(PyObject *m, PyObject *scope)
+{
+    (void)m;
+    return PyBool_FromLong(remote_disarm(scope));
+}
+
+/* _remote_forget(): drop every arm (in a fork child: the parent's jobs). */
+static PyObject *mod_remote_forget(PyObject *m, PyObject *unused)
+{
+    (void)m;
+    (void)unused;
+    remote_forget();
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef mod_methods[] = {
@@ -605,7 +641,12 @@ static PyMethodDef mod_methods[] = {
     {"_ensure_watchdog", mod_ensure_watchdog, METH_NOARGS,
      "Start the watchdog if an armed deadline needs it (after fork)."},
     {"_wait_readable", mod_wait_readable, METH_VARARGS,
-     "Wait until fd is readable, then take the GIL back urgently (fast window)."},
+     "Wait until fd is readable, then take the GIL back urgently (fast window); "
+     "control=True: apply the cancels it carries for armed scopes first."},
+    {"_remote_arm", mod_remote_arm, METH_VARARGS,
+     "_remote_arm(scope, token): a control-channel cancel naming token stops scope."},
+    {"_remote_disarm", mod_remote_disarm, METH_O, "Take a scope's remote arm back."},
+    {"_remote_forget", mod_remote_forget, METH_NOARGS, "Drop every remote arm (fork child)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -616,10 +657,12 @@ static void atfork_prepare(void)
 {
     pthread_mutex_lock(&g_mu);
     pthread_mutex_lock(&g_fast_mu); /* never held together with g_mu elsewhere */
+    pthread_mutex_lock(&g_remote_mu); /* a leaf lock: this order is free */
 }
 
 static void atfork_parent(void)
 {
+    pthread_mutex_unlock(&g_remote_mu);
     pthread_mutex_unlock(&g_fast_mu);
     pthread_mutex_unlock(&g_mu);
 }
@@ -632,6 +675,7 @@ static void atfork_parent(void)
  * watchdog -- is done later by _ensure_watchdog from os.register_at_fork.) */
 static void atfork_child(void)
 {
+    pthread_mutex_unlock(&g_remote_mu); /* its entries: _remote_forget, after fork */
     pthread_mutex_unlock(&g_fast_mu);
     pthread_mutex_unlock(&g_mu);
     wd_forget_after_fork();
@@ -641,6 +685,7 @@ static void atfork_child(void)
         s->timer_ok = 0;
         atomic_store(&s->watch_at, 0);
         atomic_store(&s->pc_queued, 0);
+        atomic_store(&s->remote_req, 0);
         if (s == t_slot && s->alive) {
             s->tid = (pid_t)syscall(SYS_gettid);
             STAT_INC(slots_live);
@@ -747,6 +792,8 @@ void tc_get_stats(struct tc_stats *o)
     o->direct_raises = atomic_load(&g_st.direct_raises);
     o->pending_calls = atomic_load(&g_st.pending_calls);
     o->pending_raises = atomic_load(&g_st.pending_raises);
+    o->remote_cancels = atomic_load(&g_st.remote_cancels);
+    o->remote_relays = atomic_load(&g_st.remote_relays);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

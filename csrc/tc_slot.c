@@ -157,6 +157,7 @@ static PyObject *slot_raise_here(tc_slot *s)
  * interrupt was raised (or set), 0 if nothing was due. */
 static int slot_fire(tc_slot *s, int64_t now, int local)
 {
+    slot_apply_remote(s, now); /* a cancel off the control channel: due now */
     PyObject *due = stack_due(s->top, now);
     if (due == NULL || atomic_load(&s->shield) > 0)
         return 0;

@@ -10,6 +10,7 @@
  *                  outside protected code
  *   tc_slot.c      slots, scope stacks, the delivery state machine
  *   tc_watchdog.c  schedule, GIL anticipation, the fire-time sweep
+ *   tc_remote.c    remote cancels read off the registry's control channel
  *   tc_scope.c     the Scope type (enter/exit keep the GIL)
  *   tc_module.c    the Shield type, module functions, fork, cffi entry points
  */
@@ -22,5 +23,6 @@
 #include "tc_deliver.c"
 #include "tc_slot.c"
 #include "tc_watchdog.c"
+#include "tc_remote.c"
 #include "tc_scope.c"
 #include "tc_module.c"

@@ -142,6 +142,10 @@ struct tc_stats {
     uint64_t pending_calls;    /* self-fire calls queued for a thread that
                                   held the GIL at its deadline (3.12+)    */
     uint64_t pending_raises;   /* ... deadlines such a call raised        */
+    uint64_t remote_cancels;   /* cancels read off the registry's control
+                                  channel without the GIL (tc_remote.c)   */
+    uint64_t remote_relays;    /* ... of them fired by the GIL's holder at
+                                  the watchdog's request (tc_deliver.c)  */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

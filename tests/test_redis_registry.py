@@ -141,6 +141,29 @@ def test_cancel_stops_the_job_at_once(redis_url: str, registry: DeadlineRegistry
     assert registry.get(f"cancel-{kind}") is None
 
 
+@pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="the native core reads the socket")
+def test_the_subscribers_wait_applies_a_cancel_off_its_socket(registry: DeadlineRegistry) -> None:
+    """The subscriber's wait reads the cancel without the GIL and the job stops from there
+    (csrc/tc_remote.c); the subscriber's own reading of the message then finds it stopped.
+    Same outcome as the Python path: DeadlineCancelled, status ``cancelled``, key gone."""
+    from timeoutcore import _native
+
+    job = InThread(registry, "remote-a", 30)
+    wait_for_job(registry, "remote-a")
+    time.sleep(0.3)  # the subscriber is back in its wait (after subscribing, a resync)
+    before = _native.stats()["remote_cancels"]
+    coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
+    try:
+        assert coordinator.cancel("remote-a") is True
+        job.join()
+    finally:
+        coordinator.close()
+    assert type(job.exc) is timeoutcore.DeadlineCancelled
+    assert job.scope.result.status == "cancelled"
+    assert _native.stats()["remote_cancels"] == before + 1
+    assert registry.get("remote-a") is None
+
+
 def test_cancel_wins_over_a_later_extend(registry: DeadlineRegistry) -> None:
     coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
     job = InThread(registry, "cancel-extend", 5.0)

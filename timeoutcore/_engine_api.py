@@ -158,8 +158,21 @@ class Engine(Protocol):
         """The active scopes, one tuple per thread, outermost first: of every live thread
         (``all_threads``) or of the calling thread only. A snapshot."""
 
-    def wait_readable(self, fd: int, timeout: float) -> bool:
+    def wait_readable(self, fd: int, timeout: float, control: bool = False) -> bool:
         """Wait until ``fd`` is readable (or hung up) or ``timeout`` seconds have passed:
         True if it is ready, False otherwise (the caller loops). For a thread with urgent
         work and no deadline of its own: the native engine then takes the GIL back within a
-        fast switch interval even while other threads are busy (the fast window)."""
+        fast switch interval even while other threads are busy (the fast window).
+        ``control``: ``fd`` is the Redis registry's subscriber socket; the native engine
+        first applies, without the GIL, the cancels queued on it for scopes armed with
+        :meth:`remote_arm` (the message stays queued for the caller to read)."""
+
+    def remote_arm(self, scope: Any, token: str) -> None:
+        """Let a cancel naming ``token`` (32 lowercase hex digits) on a control socket
+        waited on with ``wait_readable(..., control=True)`` stop ``scope`` as
+        ``scope.cancel()`` would, without waiting for the GIL. Called in the thread about
+        to enter ``scope``; every arm is taken back with :meth:`remote_disarm`. The
+        pure-Python engine does nothing (its caller's ``cancel()`` does the work)."""
+
+    def remote_disarm(self, scope: Any) -> bool:
+        """Take back ``scope``'s :meth:`remote_arm`; False if it had none."""

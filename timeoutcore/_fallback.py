@@ -565,9 +565,10 @@ def scope_stacks(all_threads: bool) -> list[tuple[Any, ...]]:
         return [tuple(st.stack) for st in list(_wd.states.values()) if st.stack]
 
 
-def wait_readable(fd: int, timeout: float) -> bool:
+def wait_readable(fd: int, timeout: float, control: bool = False) -> bool:
     """Wait until ``fd`` is readable (or hung up) or ``timeout`` seconds have passed; True if
-    it is ready. No urgency here: the GIL comes back as for any other wait."""
+    it is ready. No urgency here: the GIL comes back as for any other wait, and ``control``
+    changes nothing (no remote arms: the registry's own ``cancel()`` applies them)."""
     if fd < 0:
         raise ValueError(f"wait_readable(): fd must be >= 0, not {fd}")
     if not 0.0 <= timeout <= 86400.0:
@@ -575,6 +576,16 @@ def wait_readable(fd: int, timeout: float) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(math.ceil(timeout * 1e3)))  # PEP 475 retries EINTR
+
+
+def remote_arm(scope: Any, token: str) -> None:
+    """Nothing: without the native core a remote cancel is applied by the registry's
+    subscriber thread, in Python (see ``timeoutcore._engine_api``)."""
+
+
+def remote_disarm(scope: Any) -> bool:
+    """Nothing was armed: False."""
+    return False
 
 
 def shield() -> Shield:

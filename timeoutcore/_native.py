@@ -39,11 +39,16 @@ core._setup(_DeadlineInterrupt, DeadlineExceeded)
 atexit.register(core._shutdown)
 # fork: stop the watchdog before (no lock held across fork, and os.fork() on 3.12+ does
 # not count it as a thread), restart it in parent and child where a deadline is armed.
+def _after_fork_in_child() -> None:
+    core._remote_forget()  # the parent's jobs' remote arms (csrc/tc_remote.c)
+    core._ensure_watchdog()
+
+
 _fork.register(
     _fork.ENGINE,
     before=core._shutdown,
     after_in_parent=core._ensure_watchdog,
-    after_in_child=core._ensure_watchdog,
+    after_in_child=_after_fork_in_child,
 )
 
 
@@ -68,7 +73,13 @@ wait_shield: Callable[[], ContextManager[Any]] = core.shield
 _set_default_hook: Callable[[Optional[Hook]], None] = core._set_default_hook
 _raise_in_scope: Callable[[Any, type[BaseException]], bool] = core._raise_in_scope
 scope_stacks: Callable[[bool], list[tuple[EngineScope, ...]]] = core._scope_stacks
-wait_readable: Callable[[int, float], bool] = core._wait_readable
+wait_readable: Callable[..., bool] = core._wait_readable
+remote_disarm: Callable[[Any], bool] = core._remote_disarm
+
+
+def remote_arm(scope: Any, token: str) -> None:
+    """The C core's remote arm; the token travels as the ASCII bytes it is published as."""
+    core._remote_arm(scope, token.encode("ascii"))
 
 
 # --- diagnostics of the C core (tests, benchmarks) -------------------------------------------

@@ -274,6 +274,9 @@ class DeadlineRegistry:
             self._entries[id(scope)] = entry
         try:
             with shield():  # an enclosing deadline waits until the job is published...
+                # Armed before it is published: a cancel sent the moment it is listed
+                # stops it from the subscriber's socket, without the GIL (_await_message).
+                core.remote_arm(scope, entry.token)
                 self._publish(entry)
         except BaseException:
             with shield():  # ...and then the scope is not entered: take it back
@@ -312,6 +315,8 @@ class DeadlineRegistry:
             entry = self._entries.pop(id(scope), None)
             if entry is not None and self._local.get(entry.job) is entry:
                 del self._local[entry.job]
+        if entry is not None:
+            core.remote_disarm(scope)
         if entry is None or not entry.published or not self._health.usable():
             return  # not in Redis, or Redis is down: the key's TTL removes it
         try:
@@ -394,13 +399,17 @@ class DeadlineRegistry:
         spins in Python, the subscriber must get the GIL back, and a plain read waits a
         whole switch interval (5 ms by default) before the spinning thread is even asked
         to let go. ``core.wait_readable`` waits outside the GIL and takes it back in the
-        fast window (native engine), a fraction of a millisecond."""
+        fast window (native engine), a fraction of a millisecond. And before that, still
+        without the GIL, it looks at the queued bytes (``control=True``): a cancel for a
+        job of this process (armed in ``_enter``) stops it at once -- the watchdog fires
+        it like a passed deadline -- and the message read here afterwards finds the job
+        stopped already (csrc/tc_remote.c)."""
         connection = pubsub.connection
         sock = getattr(connection, "_sock", None)  # redis-py's socket; absent: no urgency
         if sock is None or connection.can_read(timeout=0):  # a message already buffered
             return True
         fd = sock.fileno()
-        return fd < 0 or core.wait_readable(fd, 1.0)
+        return fd < 0 or core.wait_readable(fd, 1.0, True)
 
     def _apply(self, data: bytes) -> None:
         try:

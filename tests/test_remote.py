@@ -1,0 +1,320 @@
+"""Remote cancels read off a control socket without the GIL (csrc/tc_remote.c).
+
+The Redis registry's subscriber waits on its socket with ``_wait_readable(fd, t, True)``;
+the core peeks at the queued bytes and cancels the scopes armed under the tokens that
+complete cancel messages name. Here the socket is one end of a socketpair and the messages
+are written by hand, byte for byte as Redis sends them: what a cancel does, what it must not
+do, and who owns what.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import FREE_THREADED, burn
+
+import timeoutcore
+from timeoutcore import DeadlineCancelled, DeadlineExceeded
+
+pytestmark = pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="native core only")
+
+
+def _core() -> Any:
+    from timeoutcore import _native
+
+    return _native.core
+
+
+def _stats() -> dict[str, int]:
+    from timeoutcore import _native
+
+    return _native.stats()
+
+
+def _bulk(data: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def push(payload: bytes, kind: bytes = b"message", channel: bytes = b"tc:control",
+         head: bytes = b"*") -> bytes:
+    """A pub/sub push as Redis writes it (RESP2 ``*``, RESP3 ``>``)."""
+    return head + b"3\r\n" + _bulk(kind) + _bulk(channel) + _bulk(payload)
+
+
+def cancel_payload(token: str, job: str = "job-1", op: str = "cancel") -> bytes:
+    """What the registry's Lua script publishes: cjson's compact JSON."""
+    return json.dumps({"op": op, "job": job, "token": token}, separators=(",", ":")).encode()
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    a, b = socket.socketpair()
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+class Job:
+    """A thread that arms ``token`` for its scope, enters it and spins until stopped."""
+
+    def __init__(self, token: str, seconds: float = 30.0, sleep: bool = False) -> None:
+        self.token = token
+        self.scope: Any = timeoutcore.thread_deadline(seconds)
+        self.entered = threading.Event()
+        self.error: BaseException | None = None
+        self.stopped_at: float | None = None
+        self.thread = threading.Thread(target=self._run, args=(sleep,), daemon=True)
+        self.thread.start()
+        assert self.entered.wait(10)
+
+    def _run(self, sleep: bool) -> None:
+        _core()._remote_arm(self.scope, self.token.encode())
+        try:
+            with self.scope:
+                self.entered.set()
+                if sleep:
+                    timeoutcore.sleep(60)
+                else:
+                    while True:
+                        burn(1)
+        except DeadlineExceeded as e:
+            self.stopped_at = time.monotonic()
+            self.error = e
+        finally:
+            _core()._remote_disarm(self.scope)
+
+    def join(self, timeout: float = 10.0) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the job was not stopped"
+
+
+def _deliver(b: socket.socket) -> bool:
+    return bool(_core()._wait_readable(b.fileno(), 5.0, True))
+
+
+@pytest.mark.parametrize("head", [b"*", b">"], ids=["resp2", "resp3"])
+def test_a_cancel_on_the_socket_stops_its_job_as_cancel_would(
+        pair: tuple[socket.socket, socket.socket], head: bytes) -> None:
+    """The job stops with DeadlineCancelled (status ``cancelled``); the message stays on
+    the socket for the subscriber to read, and no Python code of this thread ran it."""
+    a, b = pair
+    token = uuid.uuid4().hex
+    job = Job(token)
+    before = _stats()
+    message = push(cancel_payload(token), head=head)
+    a.sendall(message)
+    assert _deliver(b)
+    assert _stats()["remote_cancels"] == before["remote_cancels"] + 1  # marked in the wait
+    job.join()
+    assert type(job.error) is DeadlineCancelled
+    assert job.scope.cancelled() and job.scope.result.status == "cancelled"
+    b.setblocking(False)
+    assert b.recv(4096) == message  # peeked, never consumed
+
+
+def test_a_job_asleep_in_the_core_is_woken(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    token = uuid.uuid4().hex
+    job = Job(token, sleep=True)
+    a.sendall(push(cancel_payload(token)))
+    t0 = time.monotonic()
+    assert _deliver(b)
+    job.join()
+    assert type(job.error) is DeadlineCancelled
+    assert job.stopped_at is not None and job.stopped_at - t0 < 1.0
+
+
+def test_one_read_cancels_every_job_it_names(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    jobs = [Job(uuid.uuid4().hex) for _ in range(3)]
+    bystander = Job(uuid.uuid4().hex, seconds=0.5)
+    a.sendall(b"".join(push(cancel_payload(j.token, job=f"j{i}")) for i, j in enumerate(jobs)))
+    assert _deliver(b)
+    for j in jobs:
+        j.join()
+        assert type(j.error) is DeadlineCancelled
+    bystander.join()  # its own deadline, not a cancel
+    assert type(bystander.error) is DeadlineExceeded
+
+
+NOT_A_CANCEL = {
+    "extend": lambda t: push(cancel_payload(t, op="extend")),
+    "another token": lambda t: push(cancel_payload(uuid.uuid4().hex)),
+    "token in the job id": lambda t: push(cancel_payload(
+        uuid.uuid4().hex, job=f'x","token":"{t}')),  # escaped by the JSON encoder
+    "cut short": lambda t: push(cancel_payload(t))[:-9],
+    "not a message": lambda t: push(cancel_payload(t), kind=b"pmessage"),
+    "subscribe confirmation": lambda t: b"*3\r\n$9\r\nsubscribe\r\n$10\r\ntc:control\r\n:1\r\n",
+    "garbage": lambda t: b"-ERR " + t.encode() + b"\r\n",
+    "a cancel after something else": lambda t: (push(cancel_payload(t, op="extend"))
+                                                + push(cancel_payload(t))),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_A_CANCEL), ids=list(NOT_A_CANCEL))
+def test_what_is_not_a_complete_cancel_for_an_armed_token_changes_nothing(
+        pair: tuple[socket.socket, socket.socket], case: str) -> None:
+    """Nothing is marked (the subscriber's own reading in Python decides), and the wait
+    still reports the socket ready. A burst whose first message is something else is left
+    whole to the Python path, the cancel in it too."""
+    a, b = pair
+    token = uuid.uuid4().hex
+    job = Job(token, seconds=0.3)
+    before = _stats()
+    a.sendall(NOT_A_CANCEL[case](token))
+    assert _deliver(b)
+    assert _stats()["remote_cancels"] == before["remote_cancels"]
+    job.join()
+    assert type(job.error) is DeadlineExceeded  # its own deadline, 0.3 s
+
+
+def test_a_mark_for_a_scope_that_has_left_does_not_touch_the_next_one(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """The cancel can be read between a scope's exit and its disarm (the registry disarms in
+    the exit hook): the thread's next scope runs on to its own deadline."""
+    a, b = pair
+    token = uuid.uuid4().hex
+    core = _core()
+    box: dict[str, Any] = {}
+    go = threading.Event()
+    marked = threading.Event()
+
+    def run() -> None:
+        first = timeoutcore.thread_deadline(30)
+        core._remote_arm(first, token.encode())
+        with first:
+            pass
+        go.set()
+        assert marked.wait(10)
+        t0 = time.monotonic()
+        try:
+            with timeoutcore.thread_deadline(0.2):
+                while True:
+                    burn(1)
+        except DeadlineExceeded as e:
+            box["error"], box["after"] = e, time.monotonic() - t0
+        core._remote_disarm(first)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert go.wait(10)
+    before = _stats()
+    a.sendall(push(cancel_payload(token)))
+    assert _deliver(b)
+    assert _stats()["remote_cancels"] == before["remote_cancels"] + 1
+    marked.set()
+    thread.join(10)
+    assert type(box["error"]) is DeadlineExceeded and box["after"] >= 0.19, box
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12) or FREE_THREADED,
+                    reason="pending calls in any thread: 3.12+ with a GIL")
+def test_next_to_busy_threads_the_gils_holder_fires_the_cancel(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    """A job that waits for the GIL when its cancel is read: the watchdog does not queue
+    for the GIL behind the busy threads, it asks whichever thread holds it to fire the job
+    (csrc/tc_deliver.c: pc_fire_for). With 3 spinning threads the job holds the GIL a
+    quarter of the time: some trial of 10 finds it waiting."""
+    a, b = pair
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            burn(1)
+
+    hogs = [threading.Thread(target=spin, daemon=True) for _ in range(3)]
+    for h in hogs:
+        h.start()
+    relayed = 0
+    try:
+        for _ in range(10):
+            token = uuid.uuid4().hex
+            job = Job(token)
+            time.sleep(0.005)
+            before = _stats()
+            a.sendall(push(cancel_payload(token)))
+            assert _deliver(b)
+            job.join()
+            assert type(job.error) is DeadlineCancelled
+            b.setblocking(False)
+            b.recv(65536)
+            b.setblocking(True)
+            relayed += _stats()["remote_relays"] > before["remote_relays"]
+            if relayed:
+                break
+    finally:
+        stop.set()
+        for h in hogs:
+            h.join()
+    assert relayed, "no cancel was fired by the GIL's holder"
+
+
+def test_arming_checks_its_arguments_and_owns_one_reference() -> None:
+    core = _core()
+    scope = timeoutcore.thread_deadline(1)
+    token = uuid.uuid4().hex.encode()
+    with pytest.raises(TypeError, match="deadline scope"):
+        core._remote_arm(object(), token)
+    for bad in (token.upper(), token[:-1], token + b"0", token.decode()):
+        with pytest.raises(ValueError, match="32"):
+            core._remote_arm(scope, bad)
+    refs = sys.getrefcount(scope)
+    core._remote_arm(scope, token)
+    assert sys.getrefcount(scope) == refs + 1
+    with pytest.raises(ValueError, match="armed already"):
+        core._remote_arm(scope, token)
+    assert sys.getrefcount(scope) == refs + 1
+    assert core._remote_disarm(scope) is True
+    assert core._remote_disarm(scope) is False
+    assert sys.getrefcount(scope) == refs
+
+
+def test_a_forgotten_arm_releases_its_scope() -> None:
+    """What a fork child does with the parent's arms (timeoutcore._native)."""
+    core = _core()
+    scope = timeoutcore.thread_deadline(1)
+    core._remote_arm(scope, uuid.uuid4().hex.encode())
+    refs = sys.getrefcount(scope)
+    core._remote_forget()
+    assert sys.getrefcount(scope) == refs - 1
+    assert core._remote_disarm(scope) is False
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_fork_child_starts_without_the_parents_arms() -> None:
+    core = _core()
+    scope = timeoutcore.thread_deadline(1)
+    core._remote_arm(scope, uuid.uuid4().hex.encode())
+    try:
+        gc.collect()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            os._exit(0 if core._remote_disarm(scope) is False else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        assert core._remote_disarm(scope) is True  # the parent's is still there
+
+
+def test_the_wait_without_control_only_waits(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    token = uuid.uuid4().hex
+    job = Job(token, seconds=0.3)
+    before = _stats()
+    a.sendall(push(cancel_payload(token)))
+    assert _core()._wait_readable(b.fileno(), 5.0)
+    assert _stats()["remote_cancels"] == before["remote_cancels"]
+    job.join()
+    assert type(job.error) is DeadlineExceeded
