@@ -186,6 +186,9 @@ typedef struct tc_slot {
      * or cancel(); without the GIL only by slot_release at thread exit and
      * by the atfork child, when no Python code of that thread can run. */
     _Atomic int64_t deadline;      /* earliest deadline on the stack, ns   */
+    _Atomic int64_t exit_until;    /* the claiming exit runs the scope's
+                                      exit hooks: the window holds for
+                                      them until then (0: not)             */
     _Atomic uint64_t gen;          /* bumped on every change of the above  */
     _Atomic int state;             /* SLOT_*                               */
     _Atomic int64_t reinject_at;   /* next re-injection when INJECTED      */

@@ -686,6 +686,7 @@ static void atfork_child(void)
         atomic_store(&s->watch_at, 0);
         atomic_store(&s->pc_queued, 0);
         atomic_store(&s->remote_req, 0);
+        atomic_store(&s->exit_until, 0);
         if (s == t_slot && s->alive) {
             s->tid = (pid_t)syscall(SYS_gettid);
             STAT_INC(slots_live);

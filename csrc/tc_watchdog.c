@@ -107,6 +107,8 @@ static wd_event wd_plan(int64_t *fast_until)
             continue;
         if (atomic_load(&s->state) == SLOT_INJECTED && (fu = atomic_load(&s->fast_until)) > *fast_until)
             *fast_until = fu;
+        if ((fu = atomic_load(&s->exit_until)) > *fast_until) /* tc_scope.c: Scope_exit */
+            *fast_until = fu;
         /* pre-armed: the thread must get the GIL soon after its deadline (if
          * it has not fired by the grace's end, the watchdog's fire takes over) */
         if (atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->prearmed) &&
