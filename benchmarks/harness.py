@@ -852,6 +852,15 @@ def overhead_cases() -> list[tuple[str, str, Method, Callable[[int], None]]]:
     return rows
 
 
+def core_stats() -> dict[str, int]:
+    """The native core's counters (timeoutcore._native.stats), or {} on the fallback engine."""
+    if ENGINE != "native":
+        return {}
+    from timeoutcore import _native
+
+    return _native.stats()
+
+
 def run_overhead(plan: Plan, progress: Optional[Progress] = None) -> list[dict[str, Any]]:
     rows = []
     baseline: Optional[float] = None
