@@ -9,6 +9,11 @@ deadlock is a failure with stacks, not a hung suite.
 A deadline that lands inside ``logging.Handler.acquire`` right after the lock was taken,
 in ``Condition.__enter__``, ``Queue`` accounting or ``Future.set_result`` leaves a lock
 held or an invariant half-done; this workload goes through each of them all the time.
+
+With the native core, a fifth of the tasks may also be cancelled "remotely", the way the Redis
+registry's cancels arrive: a sender thread writes cancel messages for random live (and
+just-ended) tokens to a socket, a listener waits on it with ``control=True``, and the core
+fires the tasks off the socket without the GIL (csrc/tc_remote.c).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import json
 import logging
 import queue
 import random
+import socket
 import sys
 import threading
 import time
@@ -124,6 +130,71 @@ def body(s: Shared, rnd: random.Random, i: int) -> None:
                 spin_tight(s, rnd.uniform(20e-6, 200e-6), rnd.random() < 0.5)
 
 
+class Remote:
+    """Cancels read off a socket by the core, as the registry's subscriber gets them."""
+
+    def __init__(self, seed: int) -> None:
+        from timeoutcore import _native
+
+        self.core = _native.core
+        self.rnd = random.Random(seed)
+        self.send_end, self.recv_end = socket.socketpair()
+        self.send_end.setblocking(False)
+        self.recv_end.setblocking(False)
+        self.live: list[str] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._send, self._listen)]
+        for t in self.threads:
+            t.start()
+
+    @staticmethod
+    def message(token: str) -> bytes:
+        payload = json.dumps({"op": "cancel", "job": "j", "token": token},
+                             separators=(",", ":")).encode()
+        return b"*3\r\n" + b"".join(b"$%d\r\n%s\r\n" % (len(x), x)
+                                     for x in (b"message", b"hammer:control", payload))
+
+    def _send(self) -> None:
+        while not self.stop.is_set():
+            time.sleep(self.rnd.uniform(20e-6, 300e-6))
+            with self.lock:
+                token = self.rnd.choice(self.live) if self.live else None
+            if token is not None:
+                try:
+                    self.send_end.send(self.message(token))
+                except BlockingIOError:
+                    pass
+
+    def _listen(self) -> None:
+        while not self.stop.is_set():
+            if self.core._wait_readable(self.recv_end.fileno(), 0.05, True):
+                try:
+                    self.recv_end.recv(1 << 16)
+                except BlockingIOError:
+                    pass
+
+    def scope(self, rnd: random.Random) -> tuple[Any, str]:
+        scope = timeoutcore.thread_deadline(rnd.uniform(0.3e-3, 2e-3))
+        token = f"{rnd.getrandbits(128):032x}"
+        self.core._remote_arm(scope, token.encode())
+        with self.lock:
+            self.live.append(token)
+        return scope, token
+
+    def done(self, scope: Any, token: str) -> None:
+        self.core._remote_disarm(scope)
+        with self.lock:
+            self.live.remove(token)
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+        self.send_end.close()
+        self.recv_end.close()
+
+
 def run(tasks: int, workers: int, switch: float | None, seed: int) -> dict[str, Any]:
     if switch is not None:
         sys.setswitchinterval(switch)
@@ -132,18 +203,30 @@ def run(tasks: int, workers: int, switch: float | None, seed: int) -> dict[str, 
     counts_lock = threading.Lock()
     errors: list[str] = []
 
+    remote = Remote(seed) if timeoutcore.ENGINE == "native" else None
+    if remote is not None:
+        counts["cancelled"] = 0
+
     def task(i: int) -> None:
         rnd = random.Random(seed * 1_000_003 + i)
         outcome = "completed"
+        armed = remote.scope(rnd) if remote is not None and rnd.random() < 0.2 else None
+        scope = armed[0] if armed else timeoutcore.thread_deadline(rnd.uniform(50e-6, 500e-6))
         try:
-            with timeoutcore.thread_deadline(rnd.uniform(50e-6, 500e-6)):
+            with scope:
                 body(s, rnd, i)
         except DeadlineExceeded as exc:
             # Delivered inside the body: the scope's exit saw the internal interrupt.
             outcome = "inside" if isinstance(exc.__context__, _DeadlineInterrupt) else "at_exit"
+            if isinstance(exc, timeoutcore.DeadlineCancelled):
+                with counts_lock:
+                    counts["cancelled"] += 1
         except Exception as exc:  # noqa: BLE001 - reported as a broken invariant
             outcome = "other_errors"
             errors.append(f"task {i}: {type(exc).__name__}: {exc}")
+        finally:
+            if armed:
+                remote.done(*armed)  # type: ignore[union-attr]
         with counts_lock:
             counts[outcome] += 1
             if outcome in ("inside", "at_exit"):
@@ -154,6 +237,8 @@ def run(tasks: int, workers: int, switch: float | None, seed: int) -> dict[str, 
         for f in [pool.submit(task, i) for i in range(tasks)]:
             f.result(timeout=60)
     elapsed = time.monotonic() - t0
+    if remote is not None:
+        remote.close()
     return {"counts": counts, "broken": errors[:20] + check(s), "elapsed": round(elapsed, 3)}
 
 
@@ -221,7 +306,8 @@ def main() -> None:
 
         stats = _native.stats()
         result["paths"] = {k: stats[k] for k in ("hook_raises", "self_fires", "direct_raises",
-                                                 "pending_raises", "async_fallbacks")}
+                                                 "pending_raises", "async_fallbacks",
+                                                 "remote_cancels", "remote_relays")}
     print(json.dumps(result))
 
 
