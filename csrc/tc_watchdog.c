@@ -543,6 +543,21 @@ static int slot_holds_gil(tc_slot *s)
     return tc_gil_holder(&holder) == 1 && holder == atomic_load(&s->tstate_id);
 }
 
+/* Queue pc_fire for slot `s` unless one is queued already (tc_deliver.c:
+ * one call per slot).  0, or -1 if CPython's queue is full. */
+static int pc_queue(tc_slot *s)
+{
+    if (atomic_load(&s->pc_queued))
+        return 0;
+    atomic_store(&s->pc_queued, 1);
+    if (tc_add_pending(pc_fire, s) != 0) {
+        atomic_store(&s->pc_queued, 0);
+        return -1;
+    }
+    STAT_INC(pending_calls);
+    return 0;
+}
+
 /* Without the GIL, slot ev due: 1 if it is watched (plan again), 0 if the
  * watchdog must act the usual way. */
 static int wd_watch(wd_event ev)
@@ -567,14 +582,8 @@ static int wd_watch(wd_event ev)
         if (!atomic_load(&s->remote_req) || now - ev.deadline >= TC_WATCH_MAX_NS ||
             tc_gil_holder(&holder) != 1)
             goto usual;
-        if (!atomic_load(&s->pc_queued)) {
-            atomic_store(&s->pc_queued, 1);
-            if (tc_add_pending(pc_fire, s) != 0) {
-                atomic_store(&s->pc_queued, 0);
-                goto usual;
-            }
-            STAT_INC(pending_calls);
-        }
+        if (pc_queue(s) < 0)
+            goto usual;
         return watch_again(s, ev.gen, now + TC_WATCH_AFTER_NS);
     }
     if (now < ev.deadline) {
@@ -592,14 +601,8 @@ static int wd_watch(wd_event ev)
         if (!slot_holds_gil(s))
             goto usual;
     }
-    if (!atomic_load(&s->pc_queued)) {
-        atomic_store(&s->pc_queued, 1);
-        if (tc_add_pending(pc_fire, s) != 0) {
-            atomic_store(&s->pc_queued, 0);
-            goto usual;
-        }
-        STAT_INC(pending_calls);
-    }
+    if (pc_queue(s) < 0)
+        goto usual;
     now = now_ns();
     if (now - ev.deadline < TC_WATCH_MAX_NS)
         return watch_again(s, ev.gen, now + TC_WATCH_AFTER_NS);
