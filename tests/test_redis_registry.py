@@ -148,20 +148,27 @@ def test_the_subscribers_wait_applies_a_cancel_off_its_socket(registry: Deadline
     Same outcome as the Python path: DeadlineCancelled, status ``cancelled``, key gone."""
     from timeoutcore import _native
 
-    job = InThread(registry, "remote-a", 30)
-    wait_for_job(registry, "remote-a")
-    time.sleep(0.3)  # the subscriber is back in its wait (after subscribing, a resync)
-    before = _native.stats()["remote_cancels"]
     coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
+    read = 0
     try:
-        assert coordinator.cancel("remote-a") is True
-        job.join()
+        # A cancel that arrives while the subscriber is still busy in Python (subscribing,
+        # resyncing: a loaded machine) is read the Python way, rightly: up to 3 jobs.
+        for n in range(3):
+            job = InThread(registry, f"remote-{n}", 30)
+            wait_for_job(registry, f"remote-{n}")
+            time.sleep(0.3)  # the subscriber is back in its wait
+            before = _native.stats()["remote_cancels"]
+            assert coordinator.cancel(f"remote-{n}") is True
+            job.join()
+            assert type(job.exc) is timeoutcore.DeadlineCancelled
+            assert job.scope.result.status == "cancelled"
+            assert registry.get(f"remote-{n}") is None
+            read = _native.stats()["remote_cancels"] - before
+            if read:
+                break
     finally:
         coordinator.close()
-    assert type(job.exc) is timeoutcore.DeadlineCancelled
-    assert job.scope.result.status == "cancelled"
-    assert _native.stats()["remote_cancels"] == before + 1
-    assert registry.get("remote-a") is None
+    assert read == 1, "no cancel was read off the subscriber's socket"
 
 
 def test_cancel_wins_over_a_later_extend(registry: DeadlineRegistry) -> None:
