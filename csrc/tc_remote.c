@@ -189,6 +189,20 @@ static long resp_number(const char **p, const char *end)
     return neg ? -v : v;
 }
 
+/* RESP: a complete bulk string "$<len>\r\n<bytes>\r\n" at *p: its bytes in
+ * *data, *len; advances *p past it.  0 if incomplete or something else. */
+static int resp_bulk(const char **p, const char *end, const char **data, long *len)
+{
+    if (*p >= end || **p != '$')
+        return 0;
+    (*p)++;
+    if ((*len = resp_number(p, end)) < 0 || end - *p < *len + 2)
+        return 0;
+    *data = *p;
+    *p += *len + 2;
+    return 1;
+}
+
 /* A complete cancel payload's token, or NULL.  The registry's Lua script
  * publishes cjson.encode({op='cancel', job=..., token=...}): compact JSON
  * whose string values escape every '"', so `"op":"cancel"` and
@@ -225,43 +239,20 @@ static int remote_peek(int fd, tc_slot **marked)
         return 0; /* not a socket, nothing yet, an error: the Python path reads it */
     end = buf + got;
     while (p < end) {
-        /* A pub/sub push: RESP2 array '*' or RESP3 push '>' of 3, of which
-         * the first is "message" and the last the payload. */
-        const char *payload = NULL, *kind = NULL;
-        long count, len = 0, payload_len = 0, kind_len = 0;
+        /* A pub/sub push: RESP2 array '*' or RESP3 push '>' of three bulk
+         * strings, "message", the channel, the payload.  Anything else (a
+         * subscribe confirmation ends in an integer) is the Python path's. */
+        const char *kind, *channel, *payload, *token;
+        long kind_len, channel_len, payload_len;
+        tc_slot *slot;
         if (*p != '*' && *p != '>')
             return 0;
         p++;
-        if ((count = resp_number(&p, end)) < 1 || count > 4)
-            return 0;
-        for (long i = 0; i < count; i++) {
-            if (p >= end)
-                return 0; /* incomplete */
-            if (*p == ':') { /* an integer (a subscribe confirmation's count) */
-                p++;
-                if (resp_number(&p, end) < 0)
-                    return 0;
-                continue;
-            }
-            if (*p != '$')
-                return 0;
-            p++;
-            if ((len = resp_number(&p, end)) < 0 || end - p < len + 2)
-                return 0;
-            if (i == 0) {
-                kind = p;
-                kind_len = len;
-            }
-            else if (i == count - 1) {
-                payload = p;
-                payload_len = len;
-            }
-            p += len + 2;
-        }
-        const char *token;
-        tc_slot *slot;
-        if (count != 3 || kind == NULL || kind_len != 7 || memcmp(kind, "message", 7) != 0 ||
-            payload == NULL || (token = payload_cancel_token(payload, payload_len)) == NULL ||
+        if (resp_number(&p, end) != 3 || !resp_bulk(&p, end, &kind, &kind_len) ||
+            !resp_bulk(&p, end, &channel, &channel_len) ||
+            !resp_bulk(&p, end, &payload, &payload_len) || kind_len != 7 ||
+            memcmp(kind, "message", 7) != 0 ||
+            (token = payload_cancel_token(payload, payload_len)) == NULL ||
             (slot = remote_mark(token)) == NULL)
             return 0; /* something for the Python path: urgent as before */
         if (handled < TC_PEEK_SLOTS)
@@ -299,10 +290,10 @@ static void remote_yield(tc_slot **marked, int n)
  * was if an exception is being handled here (the next fire applies them). */
 static void slot_apply_remote(tc_slot *s, int64_t now)
 {
-    static PyObject *name; /* interned once, kept: GIL held / core lock held */
+    PyObject *name;
     if (!atomic_load(&s->remote_req) || PyErr_Occurred())
         return;
-    if (name == NULL && (name = PyUnicode_InternFromString("_cancelled")) == NULL) {
+    if ((name = str_cancelled()) == NULL) {
         PyErr_Clear();
         return;
     }

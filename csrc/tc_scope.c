@@ -297,10 +297,9 @@ TC_LOCKED_2(PyObject *, Scope_enter, PyObject *, PyObject *)
  * the exception a DeadlineCancelled)?  1, 0, or -1 with an error set. */
 static int scope_cancelled(PyObject *self)
 {
-    static PyObject *name; /* interned once, kept: GIL held / core lock held */
-    PyObject *v = NULL;
+    PyObject *v = NULL, *name = str_cancelled();
     int r;
-    if (name == NULL && (name = PyUnicode_InternFromString("_cancelled")) == NULL)
+    if (name == NULL)
         return -1;
     if ((r = tc_optional_attr(self, name, &v)) <= 0)
         return r;
@@ -461,7 +460,8 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     /* the scope's own hook runs either way (cleanups, soft timer, results) */
     if (sc->hook != NULL && run_exit_hook(s, sc->hook, self, nargs > 1 ? args[1] : Py_None))
         held = 1;
-    atomic_store(&s->exit_until, 0);
+    if (claimed) /* not on every exit: an atomic store is a fence here */
+        atomic_store(&s->exit_until, 0);
     if (!claimed || !sc->raise_on_timeout || held)
         Py_CLEAR(prepared);
     if (held) {

@@ -57,6 +57,17 @@ static void slot_publish(tc_slot *s)
     wd_notify(d);
 }
 
+/* The attribute DeadlineScope.cancel() sets, which makes the exception a
+ * DeadlineCancelled (read by tc_scope.c, set by tc_remote.c): interned once
+ * and kept.  NULL with an error set if it cannot be made.  GIL / core lock. */
+static PyObject *str_cancelled(void)
+{
+    static PyObject *name;
+    if (name == NULL)
+        name = PyUnicode_InternFromString("_cancelled");
+    return name;
+}
+
 /* Mark a scope popped from the stack without its __exit__ as done. */
 static void scope_forget(Scope *sc)
 {

@@ -75,8 +75,9 @@ static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadl
         /* A cancel off the control channel (tc_remote.c): a deadline that
          * has passed, with no lead (the fire applies it: slot_apply_remote). */
         int remote = atomic_load(&s->remote_req);
-        if (remote && atomic_load(&s->remote_at) < d)
-            *deadline_out = d = atomic_load(&s->remote_at);
+        int64_t r;
+        if (remote && (r = atomic_load(&s->remote_at)) < d)
+            *deadline_out = d = r;
         int64_t w = atomic_load(&s->watch_at); /* wd_watch */
         if (w != 0 && atomic_load(&s->watch_gen) == atomic_load(&s->gen))
             return w;
