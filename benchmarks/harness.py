@@ -74,7 +74,14 @@ CHEAP_OPS = 1000  # empty blocks per overhead round
 THREAD_OPS = 50  # for methods that start a thread per block (~0.1-1 ms each)
 
 _perf = time.perf_counter
-_FOREVER = itertools.count()
+
+
+def _forever() -> Iterator[int]:
+    """A fresh endless counter for one loop. Never one shared by every loop: on a
+    free-threaded build each ``next()`` of a shared counter takes that object's lock, so the
+    busy threads and the guarded loop of the contention case all took turns at one lock --
+    not the independent busy threads the case stands for."""
+    return itertools.count()
 
 
 class RecipeTimeout(Exception):
@@ -427,7 +434,7 @@ def _spin_until(end: float) -> None:
     # A ``for`` loop on purpose: CPython 3.13.0 skips a frame's handlers when an exception is
     # raised at the back-edge of a ``while <cond>:`` loop in that frame (cpython#130279).
     clock = _perf
-    for _ in _FOREVER:
+    for _ in _forever():
         if clock() >= end:
             return
 
@@ -467,7 +474,7 @@ def _c_call(m: Method, ends_at: float) -> Iterator[Work]:
     def read() -> None:
         # Returns on EINTR like a C library would; loops so that an EINTR nobody turned into
         # an exception does not end the work early.
-        for _ in _FOREVER:
+        for _ in _forever():
             if _libc_read(rfd, buf, 1) >= 0 or _perf() >= ends_at:
                 return
 
@@ -510,7 +517,7 @@ def _cpu_logging(m: Method, ends_at: float) -> Iterator[Work]:
 
         def work() -> None:
             clock = _perf
-            for n in _FOREVER:
+            for n in _forever():
                 log.info("turn %d", n)
                 if clock() >= ends_at:
                     return
@@ -547,7 +554,7 @@ def _queue_traffic(m: Method, ends_at: float) -> Iterator[Work]:
 
     def work() -> None:
         clock = _perf
-        for n in _FOREVER:
+        for n in _forever():
             jobs.put(n)
             try:
                 done.get(timeout=0.01)
@@ -584,7 +591,7 @@ def cpu_hogs(n: int) -> Iterator[None]:
     stop = threading.Event()
 
     def spin() -> None:
-        for _ in _FOREVER:
+        for _ in _forever():
             if stop.is_set():
                 return
 
@@ -708,7 +715,26 @@ class Trial:
         return "stopped"
 
 
-def run_trial(case: Case) -> Trial:
+# With busy threads, when a thread gets the CPU (and, with a GIL, the GIL) follows a pattern:
+# the OS's time slices, the switch interval. Trials ran back to back, each starting just after
+# the previous one got control back, so a fixed limit put every deadline at about the same
+# point of that pattern, and the case measured where 50 ms falls in it rather than a deadline
+# at an unknown moment. So before each trial of a case with busy threads the worker spins for
+# a random time up to this long (more than one round of turns among 8 threads): its deadline
+# comes at a random instant of the pattern, as the floor's instants do (run_floor).
+PHASE_SPREAD_S = 0.02
+
+
+def _spin_for(seconds: float) -> None:
+    end = _perf() + seconds
+    while _perf() < end:
+        pass
+
+
+def run_trial(case: Case, phase: Optional[random.Random] = None) -> Trial:
+    """One trial of ``case``; with ``phase``, after a random spin of up to PHASE_SPREAD_S."""
+    if phase is not None:
+        _spin_for(phase.uniform(0.0, PHASE_SPREAD_S))
     ends_at = _perf() + case.method.fires_after(case.limit) + SLACK
     with case.workload.prepare(case.method, ends_at) as work:
         result = case.method.guard(case.limit, work)
@@ -716,13 +742,14 @@ def run_trial(case: Case) -> Trial:
 
 
 def _run_trials(case: Case, plan: Plan) -> list[Trial]:
+    phase = random.Random(case.id) if case.hogs else None  # the same instants every run
     t0 = _perf()
-    probe = run_trial(case)
+    probe = run_trial(case, phase)
     wall = _perf() - t0
-    if probe.outcome != "stopped" or wall > case.limit + 0.2:
+    if probe.outcome != "stopped" or wall > case.limit + PHASE_SPREAD_S + 0.2:
         n = max(1, min(plan.slow_trials, int(plan.slow_budget_s / wall)))
-        return [probe] + [run_trial(case) for _ in range(n - 1)]
-    return [run_trial(case) for _ in range(plan.trials_for(case.limit))]  # probe = warm-up
+        return [probe] + [run_trial(case, phase) for _ in range(n - 1)]
+    return [run_trial(case, phase) for _ in range(plan.trials_for(case.limit))]  # probe = warm-up
 
 
 def percentiles(values_ms: Sequence[float]) -> dict[str, float]:
