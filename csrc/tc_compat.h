@@ -81,6 +81,7 @@
 int tc_gil_setup(void);                    /* tc_gil.c */
 unsigned long *tc_gil_interval_addr(void); /* tc_gil.c */
 int tc_gil_rewait(void);                   /* tc_gil.c */
+int tc_gil_drop_requested(void);           /* tc_gil.c */
 int tc_gc_collecting(void);                /* tc_gil.c */
 unsigned long tc_main_thread(void);        /* tc_gil.c */
 int tc_gil_holder(const void **holder);    /* tc_gil.c */

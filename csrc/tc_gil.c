@@ -52,6 +52,11 @@
  * breaker check).  Both are read with the GIL held; CPython writes them
  * with it.
  *
+ * A drop request (tc_gil_drop_requested): a waiter whose wait ran out has
+ * asked the holder to let the GIL go at its next breaker check -- 3.11 and
+ * 3.12 keep it in the interpreter's eval state, 3.13+ as a bit of the
+ * holder's own eval breaker.  Read by the holder, with the GIL.
+ *
  * Contract: tc_gil_setup() with the GIL held, in a thread of the
  * interpreter that imports the module; it returns 0 where there is no GIL
  * state to reach (a build without a GIL, an interpreter without its own).
@@ -60,6 +65,7 @@
  * handler (rewait takes a mutex).  rewait returns 0, or the errno of the
  * failed pthread call (nothing was woken).  tc_gil_holder() and
  * tc_add_pending() from any thread, with or without the GIL, after setup.
+ * tc_gil_drop_requested() with the GIL held, after setup (0 without a GIL).
  */
 #define Py_BUILD_CORE 1
 #include <Python.h>
@@ -84,6 +90,7 @@ TC_HIDDEN int tc_gc_collecting(void);
 TC_HIDDEN unsigned long tc_main_thread(void);
 TC_HIDDEN int tc_gil_holder(const void **holder);
 TC_HIDDEN int tc_add_pending(int (*func)(void *), void *arg);
+TC_HIDDEN int tc_gil_drop_requested(void);
 
 static PyInterpreterState *g_interp; /* set once at import, GIL held */
 
@@ -178,5 +185,16 @@ int tc_add_pending(int (*func)(void *), void *arg)
                : -1;
 #else
     return g_interp != NULL && _PyEval_AddPendingCall(g_interp, func, arg, 0) == 0 ? 0 : -1;
+#endif
+}
+
+int tc_gil_drop_requested(void)
+{
+#if defined(Py_GIL_DISABLED)
+    return 0;
+#elif PY_VERSION_HEX >= 0x030D0000
+    return _Py_eval_breaker_bit_is_set(PyThreadState_Get(), _PY_GIL_DROP_REQUEST_BIT);
+#else
+    return g_interp != NULL && _Py_atomic_load_relaxed(&g_interp->ceval.gil_drop_request) != 0;
 #endif
 }

@@ -63,6 +63,13 @@
  * blocked, and the whole process should not pay for faster GIL switches
  * meanwhile. */
 #define TC_FAST_HOLD_NS 20000000LL
+/* How long the window stays open after the exit that claimed an interrupt
+ * returned (tc_scope.c: Scope_exit): the thread has yet to reach the
+ * caller's handler, and a drop request from a waiter whose short wait ran
+ * out while the window was open lands at its next breaker check -- closed
+ * at once, the window made it queue for the GIL again at the user's
+ * interval behind every busy thread. */
+#define TC_EXIT_LINGER_NS 1000000LL
 /* The longest the window stays open for a thread that took the GIL back for
  * urgent work (tc_module.c: _wait_readable) and has not said it is done:
  * its work is a little Python (a registry message read, parsed and applied,
@@ -187,7 +194,8 @@ typedef struct tc_slot {
      * by the atfork child, when no Python code of that thread can run. */
     _Atomic int64_t deadline;      /* earliest deadline on the stack, ns   */
     _Atomic int64_t exit_until;    /* the claiming exit runs the scope's
-                                      exit hooks: the window holds for
+                                      exit hooks and builds its exception,
+                                      then returns: the window holds for
                                       them until then (0: not)             */
     _Atomic uint64_t gen;          /* bumped on every change of the above  */
     _Atomic int state;             /* SLOT_*                               */
@@ -334,7 +342,7 @@ static struct {
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
-        remote_cancels, remote_relays;
+        remote_cancels, remote_relays, exit_lingers;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

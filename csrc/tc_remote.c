@@ -280,7 +280,7 @@ static void remote_yield(tc_slot **marked, int n)
         tc_slot *s = marked[i];
         while (now_ns() < end && (atomic_load(&s->remote_req) ||
                                   atomic_load(&s->state) == SLOT_INJECTED ||
-                                  atomic_load(&s->exit_until) != 0))
+                                  atomic_load(&s->exit_until) > now_ns()))
             sleep_until(now_ns() + TC_REMOTE_YIELD_STEP_NS);
     }
 }

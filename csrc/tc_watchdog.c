@@ -22,7 +22,8 @@ static pthread_t g_wd;
 static int g_wd_running;                  /* GIL                          */
 static _Atomic int g_wd_stop;
 static _Atomic uint32_t g_wd_seq;         /* futex word to wake it        */
-static _Atomic int64_t g_wd_planned = 0;  /* when it means to wake next   */
+static _Atomic int64_t g_wd_planned = 0;  /* when it means to act next    */
+static _Atomic int64_t g_wd_wake_at = 0;  /* when its current sleep ends  */
 static _Atomic int g_wd_tid;              /* its kernel thread id         */
 static _Atomic int64_t g_lead = TC_SWITCH_DEFAULT_NS + TC_LEAD_MARGIN_NS;
 static _Atomic int64_t g_switch = TC_SWITCH_DEFAULT_NS;
@@ -283,8 +284,9 @@ static void refresh_switch_interval(void)
  * Cost: more GIL switches for the whole process while a window is open
  * (benchmarks/bench_contention.py: pool throughput).  The watchdog opens and
  * closes it; a scope's exit that claims its interrupt closes it too when
- * nothing else needs it (fast_close_after_claim), so g_fast_mu guards its
- * state, and g_fast_flag lets others look without the mutex. */
+ * nothing else needs it, or opens it when its thread is about to give the
+ * GIL away (fast_after_claim), so g_fast_mu guards its state, and
+ * g_fast_flag lets others look without the mutex. */
 static pthread_mutex_t g_fast_mu = PTHREAD_MUTEX_INITIALIZER; /* the next three */
 static int g_fast_on;
 static unsigned long g_fast_saved;  /* the interval to put back            */
@@ -321,8 +323,15 @@ static void fast_leave_locked(void)
 {
     if (!g_fast_on)
         return;
-    if (tc_switch_interval_us() == TC_FAST_SWITCH_US)
-        (void)tc_set_switch_interval_us(g_fast_saved, 0); /* a longer wait: no wake-up */
+    /* The waiters wait the user's interval afresh (tc_gil.c): a short wait
+     * that began before this would otherwise ask the holder to let go
+     * within TC_FAST_SWITCH_US -- often the thread whose interrupt was just
+     * claimed, on its way to its handler, which then queued for the GIL at
+     * the user's interval behind every busy thread.  No waiter, no wake-up:
+     * only a busy process pays for it. */
+    if (tc_switch_interval_us() == TC_FAST_SWITCH_US &&
+        tc_set_switch_interval_us(g_fast_saved, 1) != 0)
+        STAT_INC(rewait_errors);
     g_fast_on = 0;
     atomic_fetch_add_explicit(&g_st.fast_ns, (uint64_t)(now_ns() - g_fast_since),
                               memory_order_relaxed);
@@ -376,6 +385,38 @@ static int fast_close_after_claim(void)
     atomic_fetch_add(&g_wd_seq, 1);
     /* an urgent thread that came meanwhile: the woken watchdog opens it again */
     return atomic_load(&g_urgent_n) == 0;
+}
+
+/* The exit that claimed an interrupt is about to return (GIL held, the
+ * slot's own thread).  If no waiter has asked for the GIL, the window
+ * closes now if nothing else keeps it (fast_close_after_claim; closing
+ * restarts the waiters' waits at the user's interval: fast_leave_locked).
+ * If one has, this thread gives the GIL away at its next breaker check, on
+ * its way to the caller's handler, and must get it back within the window:
+ * it stays open -- or opens -- for TC_EXIT_LINGER_NS (tc_internal.h), and
+ * the watchdog closes it then.  The watchdog is woken only if it means to
+ * sleep well past that (a futex wake of a thread on another CPU costs the
+ * exiting thread ~20 us on this machine class); else the sequence bump
+ * makes a wait it has not started yet return at once, and one it has
+ * started ends soon enough. */
+static void fast_after_claim(tc_slot *s)
+{
+    int64_t until, wake;
+    if (!tc_lower_switch_supported() || !tc_gil_drop_requested()) {
+        atomic_store(&s->exit_until, 0);
+        if (!fast_close_after_claim())
+            wd_wake(); /* it closes the fast window */
+        return;
+    }
+    STAT_INC(exit_lingers);
+    until = now_ns() + TC_EXIT_LINGER_NS;
+    atomic_store(&s->exit_until, until);
+    fast_enter();
+    wake = atomic_load(&g_wd_wake_at);
+    if (wake == TC_NEVER || wake > until + TC_EXIT_LINGER_NS)
+        wd_wake();
+    else
+        atomic_fetch_add(&g_wd_seq, 1);
 }
 
 /* Without the GIL, any thread: open the fast window for this thread, which
@@ -676,7 +717,9 @@ static void *wd_main(void *arg)
             else
                 fast_leave();
             STAT_INC(watchdog_wakeups);
+            atomic_store(&g_wd_wake_at, wake);
             (void)futex_wait_until(&g_wd_seq, seen, wake); /* any return: plan again */
+            atomic_store(&g_wd_wake_at, 0);
             continue;
         }
         if (atomic_load(&ev.slot->gen) != ev.gen)

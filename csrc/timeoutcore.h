@@ -146,6 +146,9 @@ struct tc_stats {
                                   channel without the GIL (tc_remote.c)   */
     uint64_t remote_relays;    /* ... of them fired by the GIL's holder at
                                   the watchdog's request (tc_deliver.c)  */
+    uint64_t exit_lingers;     /* fired blocks' exits that held the fast
+                                  window open past their return: a waiter
+                                  had asked for the GIL (tc_watchdog.c)  */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules
