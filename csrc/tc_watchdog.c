@@ -319,18 +319,19 @@ static void fast_enter_locked(void)
     atomic_store(&g_fast_flag, 1);
 }
 
-static void fast_leave_locked(void)
+/* With `rewait`, the waiters wait the user's interval afresh (tc_gil.c): a
+ * short wait that began before this would otherwise ask the holder to let
+ * go within TC_FAST_SWITCH_US -- often the thread whose interrupt was just
+ * claimed, on its way to its handler, which then queued for the GIL at the
+ * user's interval behind every busy thread.  No waiter, no wake-up: only a
+ * busy process pays for it.  Without (the fork child: no other thread, and
+ * the GIL's mutex may be in any state there), a plain store. */
+static void fast_leave_locked(int rewait)
 {
     if (!g_fast_on)
         return;
-    /* The waiters wait the user's interval afresh (tc_gil.c): a short wait
-     * that began before this would otherwise ask the holder to let go
-     * within TC_FAST_SWITCH_US -- often the thread whose interrupt was just
-     * claimed, on its way to its handler, which then queued for the GIL at
-     * the user's interval behind every busy thread.  No waiter, no wake-up:
-     * only a busy process pays for it. */
     if (tc_switch_interval_us() == TC_FAST_SWITCH_US &&
-        tc_set_switch_interval_us(g_fast_saved, 1) != 0)
+        tc_set_switch_interval_us(g_fast_saved, rewait) != 0)
         STAT_INC(rewait_errors);
     g_fast_on = 0;
     atomic_fetch_add_explicit(&g_st.fast_ns, (uint64_t)(now_ns() - g_fast_since),
@@ -348,7 +349,7 @@ static void fast_enter(void)
 static void fast_leave(void)
 {
     pthread_mutex_lock(&g_fast_mu);
-    fast_leave_locked();
+    fast_leave_locked(1);
     pthread_mutex_unlock(&g_fast_mu);
 }
 
@@ -378,7 +379,7 @@ static int fast_close_after_claim(void)
     pthread_mutex_lock(&g_fast_mu);
     closed = !atomic_load(&g_wd_taking) && atomic_load(&g_urgent_n) == 0;
     if (closed)
-        fast_leave_locked();
+        fast_leave_locked(1);
     pthread_mutex_unlock(&g_fast_mu);
     if (!closed)
         return 0;
@@ -413,7 +414,7 @@ static void fast_after_claim(tc_slot *s)
     atomic_store(&s->exit_until, until);
     fast_enter();
     wake = atomic_load(&g_wd_wake_at);
-    if (wake == TC_NEVER || wake > until + TC_EXIT_LINGER_NS)
+    if (wake > until + TC_EXIT_LINGER_NS) /* 0 while it is awake */
         wd_wake();
     else
         atomic_fetch_add(&g_wd_seq, 1);
@@ -854,7 +855,7 @@ static int wd_stop(void)
 /* After fork, in the child (no other thread exists): forget the watchdog. */
 static void wd_forget_after_fork(void)
 {
-    fast_leave_locked(); /* the child starts with the user's interval (a plain store) */
+    fast_leave_locked(0); /* the child starts with the user's interval */
     g_wd_running = 0;
     atomic_store(&g_wd_planned, 0);
     atomic_store(&g_urgent_until, 0);
