@@ -725,16 +725,10 @@ class Trial:
 PHASE_SPREAD_S = 0.02
 
 
-def _spin_for(seconds: float) -> None:
-    end = _perf() + seconds
-    while _perf() < end:
-        pass
-
-
 def run_trial(case: Case, phase: Optional[random.Random] = None) -> Trial:
     """One trial of ``case``; with ``phase``, after a random spin of up to PHASE_SPREAD_S."""
     if phase is not None:
-        _spin_for(phase.uniform(0.0, PHASE_SPREAD_S))
+        _spin_until(_perf() + phase.uniform(0.0, PHASE_SPREAD_S))
     ends_at = _perf() + case.method.fires_after(case.limit) + SLACK
     with case.workload.prepare(case.method, ends_at) as work:
         result = case.method.guard(case.limit, work)
