@@ -82,6 +82,7 @@ local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local deadline = tonumber(redis.call('HGET', KEYS[1], 'deadline')) + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'deadline', string.format('%.6f', deadline))
 local version = redis.call('HINCRBY', KEYS[1], 'extends', 1)
+redis.call('HINCRBYFLOAT', KEYS[1], 'extended', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], math.max(1, math.ceil((deadline - now + tonumber(ARGV[3])) * 1000)))
 redis.call('ZADD', KEYS[2], deadline, ARGV[1])
 redis.call('PUBLISH', ARGV[4], cjson.encode({op='extend', job=ARGV[1], token=token,
@@ -155,7 +156,7 @@ class _Health:
 class _Entry:
     """One entry of a scope into its block under a job id."""
 
-    __slots__ = ("job", "token", "scope", "published", "extends")
+    __slots__ = ("job", "token", "scope", "published", "extends", "base")
 
     def __init__(self, job: str, scope: Any) -> None:
         self.job = job
@@ -166,6 +167,10 @@ class _Entry:
         # every extend): an extend message is a delta, so one that a resync after a
         # (re)subscribe already counted must not be added a second time.
         self.extends = 0
+        # The scope's deadline when it was published (time.monotonic()): a resync puts it
+        # at this plus the seconds the key says it was extended by -- differences of the
+        # key's own figures, so no clock mapping between this host and the server moves it.
+        self.base: Optional[float] = None
 
 
 class _Registration:
@@ -291,6 +296,7 @@ class DeadlineRegistry:
         # cancel/extend sent before it listened still applies), only to apply it at once;
         # kept short so a reconnecting listener costs a job little.
         self._subscribed.wait(0.1)
+        entry.base = entry.scope.when()
         remaining = entry.scope.remaining()
         if remaining is None:  # scope_options() on a scope without a deadline
             log.warning("job %r has no deadline: not published", entry.job)
@@ -456,10 +462,10 @@ class DeadlineRegistry:
         pipe = self.client.pipeline(transaction=False)
         pipe.time()
         for entry in entries:
-            pipe.hmget(self._key(entry.job), ["token", "state", "deadline", "extends"])
+            pipe.hmget(self._key(entry.job), ["token", "state", "deadline", "extends", "extended"])
         (sec, usec), *rows = pipe.execute()
         server_now = sec + usec / 1e6
-        for entry, (token, state, deadline, extends) in zip(entries, rows):
+        for entry, (token, state, deadline, extends, extended) in zip(entries, rows):
             if token is None or token.decode() != entry.token:
                 continue
             if state == b"cancelling":
@@ -468,7 +474,13 @@ class DeadlineRegistry:
             when = entry.scope.when()
             if when is None or deadline is None or entry.scope.expired():
                 continue
-            published = time.monotonic() + float(deadline) - server_now
+            if extended is not None and entry.base is not None:
+                # Exact: mapping the key's deadline onto this host's clock (below) is off
+                # by the round trips and the two clocks' drift, and once put a deadline
+                # 0.65 ms before the one the extensions gave.
+                published = entry.base + float(extended)
+            else:  # a key written by an older version
+                published = time.monotonic() + float(deadline) - server_now
             entry.extends = max(entry.extends, int(extends or 0))  # counted in `published`
             if published > when + 0.001:  # extended while the subscription was down
                 try:
