@@ -127,6 +127,37 @@ def test_extend_then_the_extended_deadline_still_holds(redis_url: str,
     assert 1.0 <= result["elapsed"] < 1.0 + LATE
 
 
+def test_an_extension_a_resync_applies_counts_from_the_armed_deadline(
+        redis_url: str, registry: DeadlineRegistry) -> None:
+    # The extension reaches this process only through a resync (what a listener does after
+    # (re)subscribing): the script publishes it on a channel nobody reads. The key was
+    # written before the scope was armed, so mapping its deadline onto this host's clock
+    # put the extended deadline up to ~0.6 ms early; the extension's seconds do not.
+    other = DeadlineRegistry.from_url(redis_url, prefix=registry.prefix)
+    out: dict[str, float] = {}
+    armed = threading.Event()
+
+    def job() -> None:
+        scope = registry.deadline("resync-ext", 0.3)
+        try:
+            with scope:
+                armed.set()
+                timeoutcore.sleep(5)
+        except timeoutcore.DeadlineExceeded:
+            pass
+        out["elapsed"] = scope.elapsed()
+
+    t = threading.Thread(target=job)
+    t.start()
+    assert armed.wait(5)
+    other._extend(keys=[other._key("resync-ext"), other._index],
+                  args=["resync-ext", "0.300000", f"{other.margin:.6f}", f"{other.channel}-unread"])
+    registry._resync()
+    t.join(10)
+    other.close()
+    assert 0.6 <= out["elapsed"] < 0.6 + LATE
+
+
 @pytest.mark.parametrize("kind", ["spin", "sleep"])
 def test_cancel_stops_the_job_at_once(redis_url: str, registry: DeadlineRegistry,
                                       kind: str) -> None:

@@ -156,7 +156,7 @@ class _Health:
 class _Entry:
     """One entry of a scope into its block under a job id."""
 
-    __slots__ = ("job", "token", "scope", "published", "extends", "base")
+    __slots__ = ("job", "token", "scope", "published", "extends", "extended")
 
     def __init__(self, job: str, scope: Any) -> None:
         self.job = job
@@ -167,10 +167,11 @@ class _Entry:
         # every extend): an extend message is a delta, so one that a resync after a
         # (re)subscribe already counted must not be added a second time.
         self.extends = 0
-        # The scope's deadline when it was published (time.monotonic()): a resync puts it
-        # at this plus the seconds the key says it was extended by -- differences of the
-        # key's own figures, so no clock mapping between this host and the server moves it.
-        self.base: Optional[float] = None
+        # The seconds of extension applied to this scope here: a resync puts its deadline
+        # at (its deadline - these) + the seconds the key says it was extended by --
+        # seconds counted on both sides, so no mapping between this host's clock and the
+        # server's moves it.
+        self.extended = 0.0
 
 
 class _Registration:
@@ -296,7 +297,6 @@ class DeadlineRegistry:
         # cancel/extend sent before it listened still applies), only to apply it at once;
         # kept short so a reconnecting listener costs a job little.
         self._subscribed.wait(0.1)
-        entry.base = entry.scope.when()
         remaining = entry.scope.remaining()
         if remaining is None:  # scope_options() on a scope without a deadline
             log.warning("job %r has no deadline: not published", entry.job)
@@ -436,10 +436,11 @@ class DeadlineRegistry:
             entry.scope.cancel()
         elif n == 0 or n > entry.extends:
             entry.extends = max(entry.extends, n)
-            self._extend_local(entry.scope, seconds)
+            self._extend_local(entry, seconds)
 
     @staticmethod
-    def _extend_local(scope: Any, seconds: float) -> None:
+    def _extend_local(entry: _Entry, seconds: float) -> None:
+        scope = entry.scope
         when = scope.when()
         for _ in range(100):  # the message can beat the arming of a scope being entered
             if when is not None or scope.exited_at is not None:
@@ -451,7 +452,8 @@ class DeadlineRegistry:
         try:
             scope.reschedule(when + seconds)
         except RuntimeError:
-            pass  # the block exited meanwhile
+            return  # the block exited meanwhile
+        entry.extended += seconds
 
     def _resync(self) -> None:
         """After (re)subscribing: apply what was sent while nobody listened."""
@@ -474,11 +476,12 @@ class DeadlineRegistry:
             when = entry.scope.when()
             if when is None or deadline is None or entry.scope.expired():
                 continue
-            if extended is not None and entry.base is not None:
+            if extended is not None:
                 # Exact: mapping the key's deadline onto this host's clock (below) is off
-                # by the round trips and the two clocks' drift, and once put a deadline
-                # 0.65 ms before the one the extensions gave.
-                published = entry.base + float(extended)
+                # by the round trips and by how long the key was written before the scope
+                # was armed, and once put a deadline 0.6 ms before the one the extensions
+                # gave (a resync right after the first subscription, on a loaded machine).
+                published = when - entry.extended + float(extended)
             else:  # a key written by an older version
                 published = time.monotonic() + float(deadline) - server_now
             entry.extends = max(entry.extends, int(extends or 0))  # counted in `published`
@@ -486,7 +489,9 @@ class DeadlineRegistry:
                 try:
                     entry.scope.reschedule(published)
                 except RuntimeError:
-                    pass
+                    continue
+                if extended is not None:
+                    entry.extended = float(extended)
 
     def close(self) -> None:
         """Stop this process's subscriber thread (running blocks keep their local
