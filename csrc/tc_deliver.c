@@ -230,11 +230,20 @@ static int64_t prearm_lead(void)
 #endif
 }
 
-/* The hook's test, any thread, no lock: pre-armed and due? */
+/* The hook's test, any thread, no lock: pre-armed and due?  Free-threaded,
+ * a pre-armed slot's thread also notes its CPU here for the watchdog
+ * (tc_internal.h: TC_PIN_AHEAD_NS; sched_getcpu reads the kernel's rseq
+ * area, a load). */
 static inline int prearm_due(tc_slot *s)
 {
-    return atomic_load(&s->prearmed) && atomic_load(&s->shield) == 0 &&
-           atomic_load(&s->deadline) <= now_ns();
+    if (!atomic_load(&s->prearmed))
+        return 0;
+#if TC_FREE_THREADED
+    int cpu = sched_getcpu();
+    if (cpu != atomic_load_explicit(&s->cpu, memory_order_relaxed))
+        atomic_store_explicit(&s->cpu, cpu, memory_order_relaxed);
+#endif
+    return atomic_load(&s->shield) == 0 && atomic_load(&s->deadline) <= now_ns();
 }
 
 /* Owner thread, GIL / core lock: fire a pre-armed, due slot here.  Pending

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -114,6 +115,21 @@
  * lead is the GIL anticipation's.) */
 #define TC_PREARM_LEAD_MIN_NS 10000000LL
 #define TC_PREARM_LEAD_MAX_NS 50000000LL
+/* Free-threaded: the watchdog's CPU at a pre-armed deadline (tc_watchdog.c:
+ * wd_pin).  With more busy threads than CPUs, the guarded thread is off its
+ * CPU at a random instant about half the time, and then waits for the
+ * scheduler's tick (4 ms at HZ=250) behind a busy thread.  The watchdog's
+ * wake-up at the grace's end is a scheduling point -- but only on the CPU
+ * it wakes on: woken on the guarded thread's CPU, it preempts the busy
+ * thread there (its short slice, below), and when it sleeps again the fair
+ * scheduler picks the thread that waited longest, the guarded one (a probe
+ * thread next to 3 spinning ones on 2 cores, 3.14.7t, a helper woken at
+ * random instants: on the CPU within 0.5 ms at 80-82 % of them, pinned to
+ * the probe's CPU; 55-57 % with no helper and 57-83 % unpinned, bimodal by
+ * where it woke).  So TC_PIN_AHEAD_NS before such a deadline the watchdog
+ * moves to the CPU the guarded thread's hook last ran on (the slot's
+ * `cpu`), and back to its own CPU set when nothing pre-armed is next. */
+#define TC_PIN_AHEAD_NS 1000000LL
 
 /* The self-fire (tc_watchdog.c: wd_watch; 3.12+ with a GIL).  While a
  * guarded thread holds the GIL ahead of its deadline, the watchdog looks at
@@ -236,6 +252,10 @@ typedef struct tc_slot {
                                       `deadline` (set by wd_prearm; cleared
                                       by any fire, by the owner's exit and
                                       by deliver_cancel)                   */
+    _Atomic int cpu;               /* free-threaded: the CPU its pre-armed
+                                      hook last ran on, -1 if none yet
+                                      (written by the owner, read by the
+                                      watchdog: wd_pin)                    */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
     /* The self-fire (tc_watchdog.c: wd_watch, tc_deliver.c: pc_fire). */
     _Atomic(const void *) tstate_id; /* its thread state, only ever compared
@@ -342,7 +362,7 @@ static struct {
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
-        remote_cancels, remote_relays, exit_lingers;
+        remote_cancels, remote_relays, exit_lingers, pins;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

@@ -796,6 +796,7 @@ void tc_get_stats(struct tc_stats *o)
     o->remote_cancels = atomic_load(&g_st.remote_cancels);
     o->remote_relays = atomic_load(&g_st.remote_relays);
     o->exit_lingers = atomic_load(&g_st.exit_lingers);
+    o->pins = atomic_load(&g_st.pins);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

@@ -97,6 +97,43 @@ static int os_short_slice(uint64_t ns)
     return 0;
 }
 
+/* Moving the calling thread to one CPU and back (free-threaded builds only:
+ * tc_internal.h, TC_PIN_AHEAD_NS).  One thread uses these: the watchdog. */
+#if TC_FREE_THREADED
+static cpu_set_t g_own_cpus; /* its CPU set before the move */
+static int g_pinned = -1;    /* the CPU it is moved to, -1: on its own set */
+
+/* The watchdog, at its start (also in a fork child): on its own set. */
+static void os_pin_init(void) { g_pinned = -1; }
+
+/* Run the calling thread on `cpu` only, or (-1) on its own set again -- the
+ * one it had when it moved, read then, so a later change of the process's
+ * affinity by the user is respected.  A CPU outside that set, or a refusal,
+ * leaves it where it is: only precision is lost.  Returns 0, or an errno. */
+static int os_pin(int cpu)
+{
+    cpu_set_t one;
+    if (cpu == g_pinned)
+        return 0;
+    if (cpu < 0) {
+        if (sched_setaffinity(0, sizeof g_own_cpus, &g_own_cpus) != 0)
+            return errno;
+        g_pinned = -1;
+        return 0;
+    }
+    if (g_pinned < 0 && sched_getaffinity(0, sizeof g_own_cpus, &g_own_cpus) != 0)
+        return errno;
+    if (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &g_own_cpus))
+        return EINVAL;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof one, &one) != 0)
+        return errno;
+    g_pinned = cpu;
+    return 0;
+}
+#endif
+
 /* -- The signal handler: async-signal-safe, tiny ----------------------------- */
 
 /* Its one purpose is to exist: installed without SA_RESTART, it makes the

@@ -381,6 +381,7 @@ static tc_slot *slot_get(void)
     atomic_store(&s->state, SLOT_IDLE);
     atomic_store(&s->deadline, TC_NEVER);
     atomic_store(&s->shield, 0);
+    atomic_store(&s->cpu, -1);
     atomic_fetch_add(&s->gen, 1);
     if ((err = timer_make(s)) != 0) {
         pthread_mutex_unlock(&g_mu);

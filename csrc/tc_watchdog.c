@@ -663,6 +663,31 @@ usual:
 }
 #endif
 
+#if TC_FREE_THREADED
+/* Before the watchdog sleeps until `wake` for `ev`: if that is a pre-armed
+ * slot's fire at the grace's end, wait on the CPU its thread's hook last
+ * ran on (tc_internal.h: TC_PIN_AHEAD_NS) -- from TC_PIN_AHEAD_NS before
+ * the deadline (an earlier wake-up, returned, to move then: the CPU is
+ * fresh, and the move's own scheduling is over well before the deadline);
+ * for anything else, back on its own CPU set.  Returns when to wake. */
+static int64_t wd_pin(wd_event ev, int64_t wake, int64_t now)
+{
+    tc_slot *s = ev.slot;
+    if (s != NULL && ev.deadline != TC_NEVER && ev.at == ev.deadline + TC_PREARM_GRACE_NS &&
+        atomic_load(&s->prearmed) && atomic_load(&s->state) == SLOT_ARMED) {
+        int64_t pin_at = ev.deadline - TC_PIN_AHEAD_NS;
+        int cpu = atomic_load(&s->cpu);
+        if (now < pin_at)
+            return wake < pin_at ? wake : pin_at;
+        if (cpu >= 0 && cpu != g_pinned && os_pin(cpu) == 0)
+            STAT_INC(pins);
+        return wake;
+    }
+    (void)os_pin(-1);
+    return wake;
+}
+#endif
+
 static void *wd_main(void *arg)
 {
     (void)arg;
@@ -676,6 +701,9 @@ static void *wd_main(void *arg)
      * TC_WD_SLICE_NS).  Failure (an old kernel ignores it; a sandbox may
      * refuse it) only costs precision. */
     (void)os_short_slice(TC_WD_SLICE_NS);
+#if TC_FREE_THREADED
+    os_pin_init();
+#endif
     atomic_store(&g_wd_tid, (int)syscall(SYS_gettid));
     gs = PyGILState_Ensure();
     ts = PyEval_SaveThread();
@@ -717,6 +745,9 @@ static void *wd_main(void *arg)
             }
             else
                 fast_leave();
+#if TC_FREE_THREADED
+            wake = wd_pin(ev, wake, t0);
+#endif
             STAT_INC(watchdog_wakeups);
             atomic_store(&g_wd_wake_at, wake);
             (void)futex_wait_until(&g_wd_seq, seen, wake); /* any return: plan again */

@@ -149,6 +149,9 @@ struct tc_stats {
     uint64_t exit_lingers;     /* fired blocks' exits that held the fast
                                   window open past their return: a waiter
                                   had asked for the GIL (tc_watchdog.c)  */
+    uint64_t pins;             /* free-threaded: the watchdog's moves to
+                                  a guarded thread's CPU ahead of a
+                                  pre-armed deadline (tc_watchdog.c)     */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules
