@@ -192,6 +192,9 @@ static int deliver_here(tc_slot *s, int vetted, int mode);
 static void deliver_pending(tc_slot *s, int async_self);
 static void deliver_pending_here(tc_slot *s);
 static int slot_fire(tc_slot *s, int64_t now, int local); /* tc_slot.c */
+#if TC_FREE_THREADED
+static void wd_step_aside(void); /* tc_watchdog.c */
+#endif
 
 /* -- Pre-armed slots ----------------------------------------------------------
  * The watchdog may arm the hook shortly before a deadline (wd_prearm,
@@ -259,6 +262,9 @@ static void prearm_fire(tc_slot *s)
         atomic_load(&s->state) == SLOT_ARMED && slot_fire(s, now, 0)) {
         atomic_store(&s->fast_until, now + TC_FAST_HOLD_NS);
         STAT_INC(self_fires);
+#if TC_FREE_THREADED
+        wd_step_aside();
+#endif
     }
 }
 
@@ -591,6 +597,8 @@ static void hook_disarm(tc_slot *s, PyThreadState *t)
      * 0, so a stale idle time is harmless. */
     if (atomic_exchange(&s->hooked, 0) && atomic_fetch_sub(&g_armed, 1) == 1) {
         atomic_store(&g_events_idle_at, now_ns());
+        if (s == t_slot)
+            wd_step_aside(); /* not woken on this thread's CPU: tc_watchdog.c */
         wd_wake(); /* it plans the switch-off */
     }
 #else

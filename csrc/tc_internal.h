@@ -130,6 +130,14 @@
  * moves to the CPU the guarded thread's hook last ran on (the slot's
  * `cpu`), and back to its own CPU set when nothing pre-armed is next. */
 #define TC_PIN_AHEAD_NS 1000000LL
+/* ... and once the watchdog has fired such a deadline, the thread may not
+ * be the fair scheduler's pick yet (it ran last: the busy thread is owed
+ * its turn first); each time the watchdog goes to sleep on that CPU is a
+ * new pick, so while the interrupt waits for the thread it wakes every
+ * TC_PIN_NUDGE_NS, for at most TC_PIN_NUDGE_FOR_NS (two ticks).  Measured
+ * without: those deliveries came with the re-injection 2 ms later. */
+#define TC_PIN_NUDGE_NS 500000LL
+#define TC_PIN_NUDGE_FOR_NS 8000000LL
 
 /* The self-fire (tc_watchdog.c: wd_watch; 3.12+ with a GIL).  While a
  * guarded thread holds the GIL ahead of its deadline, the watchdog looks at

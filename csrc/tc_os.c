@@ -97,40 +97,90 @@ static int os_short_slice(uint64_t ns)
     return 0;
 }
 
-/* Moving the calling thread to one CPU and back (free-threaded builds only:
- * tc_internal.h, TC_PIN_AHEAD_NS).  One thread uses these: the watchdog. */
+/* Where the watchdog runs (free-threaded builds only: tc_internal.h,
+ * TC_PIN_AHEAD_NS): g_place is TC_CPUS_OWN (its own CPU set), a CPU k >= 0
+ * (k only) or TC_CPUS_AWAY(k) (its set but k), and always says what its
+ * affinity is: it changes only together with the affinity, under
+ * g_place_busy -- a try-lock the watchdog (os_place) and a guarded thread
+ * that fired its own deadline (os_push_away) hold for one system call each,
+ * and that neither waits for: the other is moving it, and only precision is
+ * lost.  g_own_cpus is the watchdog's set when it left TC_CPUS_OWN, read
+ * then, so a later change of the process's affinity by the user is
+ * respected; written before g_place leaves TC_CPUS_OWN. */
 #if TC_FREE_THREADED
-static cpu_set_t g_own_cpus; /* its CPU set before the move */
-static int g_pinned = -1;    /* the CPU it is moved to, -1: on its own set */
+#define TC_CPUS_OWN (-1)
+#define TC_CPUS_AWAY(k) (-2 - (k))
+static cpu_set_t g_own_cpus;
+static _Atomic int g_place = TC_CPUS_OWN;
+static _Atomic int g_place_busy;
 
-/* The watchdog, at its start (also in a fork child): on its own set. */
-static void os_pin_init(void) { g_pinned = -1; }
+static inline int place_lock(void) { return atomic_exchange(&g_place_busy, 1) == 0; }
+static inline void place_unlock(void) { atomic_store(&g_place_busy, 0); }
 
-/* Run the calling thread on `cpu` only, or (-1) on its own set again -- the
- * one it had when it moved, read then, so a later change of the process's
- * affinity by the user is respected.  A CPU outside that set, or a refusal,
- * leaves it where it is: only precision is lost.  Returns 0, or an errno. */
-static int os_pin(int cpu)
+/* The watchdog at its start, the atfork child: on its own set, unlocked. */
+static void os_place_init(void)
 {
-    cpu_set_t one;
-    if (cpu == g_pinned)
+    atomic_store(&g_place, TC_CPUS_OWN);
+    place_unlock();
+}
+
+/* The CPU set that `place` stands for; 0 if there is none (a CPU outside
+ * the watchdog's set, or nothing but it). */
+static int place_set(int place, cpu_set_t *set)
+{
+    int k = place >= 0 ? place : TC_CPUS_AWAY(place); /* AWAY is its own inverse */
+    *set = g_own_cpus;
+    if (place == TC_CPUS_OWN)
+        return 1;
+    if (k >= CPU_SETSIZE || !CPU_ISSET(k, &g_own_cpus))
         return 0;
-    if (cpu < 0) {
-        if (sched_setaffinity(0, sizeof g_own_cpus, &g_own_cpus) != 0)
-            return errno;
-        g_pinned = -1;
-        return 0;
+    if (place >= 0) {
+        CPU_ZERO(set);
+        CPU_SET(k, set);
+        return 1;
     }
-    if (g_pinned < 0 && sched_getaffinity(0, sizeof g_own_cpus, &g_own_cpus) != 0)
-        return errno;
-    if (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &g_own_cpus))
-        return EINVAL;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    if (sched_setaffinity(0, sizeof one, &one) != 0)
-        return errno;
-    g_pinned = cpu;
-    return 0;
+    CPU_CLR(k, set);
+    return CPU_COUNT(set) > 0;
+}
+
+/* The watchdog: run where `place` says.  Returns 0, or an errno (busy: the
+ * guarded thread is moving it; EINVAL: no such place); it then stays where
+ * it is. */
+static int os_place(int place)
+{
+    cpu_set_t set;
+    int err = 0;
+    if (atomic_load(&g_place) == place)
+        return 0;
+    if (!place_lock())
+        return EBUSY;
+    if (atomic_load(&g_place) == TC_CPUS_OWN &&
+        sched_getaffinity(0, sizeof g_own_cpus, &g_own_cpus) != 0)
+        err = errno;
+    else if (!place_set(place, &set))
+        err = EINVAL;
+    else if (sched_setaffinity(0, sizeof set, &set) != 0)
+        err = errno;
+    else
+        atomic_store(&g_place, place);
+    place_unlock();
+    return err;
+}
+
+/* A guarded thread on `cpu` that has just fired its own deadline, any lock
+ * held: if the watchdog `tid` waits on this CPU, move it off -- its wake-up
+ * at the grace's end, or one the block's exit asks for, would otherwise
+ * preempt this very thread, which then waits a tick behind a busy one
+ * (measured: ~2 ms). */
+static void os_push_away(pid_t tid, int cpu)
+{
+    cpu_set_t set;
+    if (tid <= 0 || cpu < 0 || atomic_load(&g_place) != cpu || !place_lock())
+        return;
+    if (atomic_load(&g_place) == cpu && place_set(TC_CPUS_AWAY(cpu), &set) &&
+        sched_setaffinity(tid, sizeof set, &set) == 0)
+        atomic_store(&g_place, TC_CPUS_AWAY(cpu));
+    place_unlock();
 }
 #endif
 
