@@ -95,8 +95,9 @@
  * every thread (4 CPU-bound workers, a deadline firing every 4th task:
  * 0.71x the throughput without deadlines against 0.79x when holding the
  * GIL, alternated runs).  So there the watchdog pre-arms only when the GIL
- * came within TC_PREARM_QUIET_NS (nobody else queued for it), and holds it up
- * to the deadline otherwise. */
+ * was free as it began to take it and came within TC_PREARM_QUIET_NS
+ * (nobody else queued for it: tc_watchdog.c, gil_busy), and holds it up to
+ * the deadline otherwise. */
 #define TC_PREARM_ALWAYS (TC_HOOK_TRACE || TC_FREE_THREADED)
 #define TC_PREARM_QUIET_NS 400000LL
 /* The watchdog fires a pre-armed slot itself only this long after its
