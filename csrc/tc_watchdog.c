@@ -452,8 +452,10 @@ static void wd_urgent_end(void)
         wd_wake();
 }
 
-/* Before the watchdog takes the GIL: is another thread holding it -- the
- * process is busy?  A moment's look (tc_gil_holder).  The watchdog used to
+/* Before the watchdog takes the GIL for slot `s`: is a thread other than
+ * the slot's own holding it -- the process is busy?  A moment's look
+ * (tc_gil_holder).  (The guarded thread itself holding it is the quiet
+ * case: 3.11, which has no self-fire, takes the GIL from it.)  The watchdog used to
  * judge that by how long the take lasted (TC_PREARM_QUIET_NS), but next to
  * busy threads the GIL goes to whichever waiter gets it first after a
  * hand-off, and the watchdog, one of four or more, got it within that
@@ -469,22 +471,22 @@ static void wd_urgent_end(void)
  * prepare the exception) unchanged.  Spinning for the hand-off as well, to
  * take the GIL the moment it is free, won no more of them (the woken
  * waiter still got gil->mutex first) and was not kept. */
-static int gil_busy(void)
+static int gil_busy(tc_slot *s)
 {
-    const void *holder;
-    return tc_gil_holder(&holder) > 0;
+    const void *holder = NULL;
+    return tc_gil_holder(&holder) > 0 && holder != atomic_load(&s->tstate_id);
 }
 
-/* Take the GIL with the watchdog's thread state, inside the fast window.
- * Returns what gil_busy() said just before. */
-static int gil_take(PyThreadState *ts)
+/* Take the GIL with the watchdog's thread state, inside the fast window,
+ * for slot `s`.  Returns what gil_busy() said just before. */
+static int gil_take(PyThreadState *ts, tc_slot *s)
 {
     int busy;
     pthread_mutex_lock(&g_fast_mu);
     atomic_store(&g_wd_taking, 1); /* a claim meanwhile leaves the window open */
     fast_enter_locked();
     pthread_mutex_unlock(&g_fast_mu);
-    busy = gil_busy();
+    busy = gil_busy(s);
     PyEval_RestoreThread(ts);
     atomic_store(&g_wd_taking, 0);
     STAT_INC(gil_takes);
@@ -826,7 +828,7 @@ static void *wd_main(void *arg)
             continue; /* its thread holds the GIL: it fires itself */
 #endif
 
-        int busy = gil_take(ts);
+        int busy = gil_take(ts, ev.slot);
         if (atomic_load(&g_wd_stop)) {
             fast_leave();
             break;
@@ -883,7 +885,7 @@ static void *wd_main(void *arg)
                 STAT_INC(requeues);
                 ts = PyEval_SaveThread();
                 sleep_until(ev.deadline - TC_REQUEUE_EARLY_NS);
-                (void)gil_take(ts);
+                (void)gil_take(ts, ev.slot);
                 if (atomic_load(&g_wd_stop)) {
                     fast_leave();
                     break;
