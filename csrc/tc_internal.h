@@ -117,7 +117,7 @@
 #define TC_PREARM_LEAD_MIN_NS 10000000LL
 #define TC_PREARM_LEAD_MAX_NS 50000000LL
 /* Free-threaded: the watchdog's CPU at a pre-armed deadline (tc_watchdog.c:
- * wd_pin).  With more busy threads than CPUs, the guarded thread is off its
+ * wd_place).  With more busy threads than CPUs, the guarded thread is off its
  * CPU at a random instant about half the time, and then waits for the
  * scheduler's tick (4 ms at HZ=250) behind a busy thread.  The watchdog's
  * wake-up at the grace's end is a scheduling point -- but only on the CPU
@@ -129,7 +129,8 @@
  * the probe's CPU; 55-57 % with no helper and 57-83 % unpinned, bimodal by
  * where it woke).  So TC_PIN_AHEAD_NS before such a deadline the watchdog
  * moves to the CPU the guarded thread's hook last ran on (the slot's
- * `cpu`), and back to its own CPU set when nothing pre-armed is next. */
+ * `cpu`), and back to its own CPU set once the block has claimed the
+ * interrupt and nothing pre-armed is next. */
 #define TC_PIN_AHEAD_NS 1000000LL
 /* ... and once the watchdog has fired such a deadline, the thread may not
  * be the fair scheduler's pick yet (it ran last: the busy thread is owed
@@ -264,7 +265,7 @@ typedef struct tc_slot {
     _Atomic int cpu;               /* free-threaded: the CPU its pre-armed
                                       hook last ran on, -1 if none yet
                                       (written by the owner, read by the
-                                      watchdog: wd_pin)                    */
+                                      watchdog: wd_place)                  */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
     /* The self-fire (tc_watchdog.c: wd_watch, tc_deliver.c: pc_fire). */
     _Atomic(const void *) tstate_id; /* its thread state, only ever compared

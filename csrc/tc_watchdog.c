@@ -455,8 +455,8 @@ static void wd_urgent_end(void)
 /* Before the watchdog takes the GIL for slot `s`: is a thread other than
  * the slot's own holding it -- the process is busy?  A moment's look
  * (tc_gil_holder).  (The guarded thread itself holding it is the quiet
- * case: 3.11, which has no self-fire, takes the GIL from it.)  The watchdog used to
- * judge that by how long the take lasted (TC_PREARM_QUIET_NS), but next to
+ * case: 3.11, which has no self-fire, takes the GIL from it.)  The watchdog
+ * used to judge that by how long the take lasted (TC_PREARM_QUIET_NS), but next to
  * busy threads the GIL goes to whichever waiter gets it first after a
  * hand-off, and the watchdog, one of four or more, got it within that
  * time often enough to be taken for alone: it then pre-armed and let the
