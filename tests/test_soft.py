@@ -95,6 +95,58 @@ def test_soft_raise_never_lands_after_the_block(api: Any) -> None:
         burn(0.003)  # a late soft exception would surface here
 
 
+def test_a_soft_exception_refused_by_a_waiting_step_is_delivered_by_the_wait() -> None:
+    """The soft timer can find the thread inside a wait's shielded step (a patched
+    Condition.wait) after the soft limit passed, and the core refuses it there: the refusal
+    must wake the wait, which then delivers the soft exception itself between two steps.
+    Broken, the step sleeps on to the hard deadline (the stop time no longer counts a passed
+    soft limit; on a free-threaded build the soft timer and a step's own timeout met there
+    about once in 300 waits)."""
+    from timeoutcore import _stop
+
+    box: dict[str, Any] = {}
+    in_block = threading.Event()
+
+    def body() -> None:
+        with timeoutcore.thread_deadline(4.0, soft=0.05, soft_raise=True) as scope:
+            box["scope"], box["rec"] = scope, _stop.record()
+            # As if the soft timer were delivering it already: the timer leaves it be.
+            box["rec"].soft_claimed.add(scope)
+            in_block.set()
+            try:
+                threading.Event().wait(10)
+            except SoftDeadlineExceeded:
+                box["soft_at"] = time.monotonic()
+
+    timeoutcore.patch()
+    try:
+        worker = threading.Thread(target=lambda: box.update(error=_catch(body)), daemon=True)
+        worker.start()
+        assert in_block.wait(5)
+        rec, scope = box["rec"], box["scope"]
+        # past the soft limit, asleep in the step (its waker is registered)
+        assert wait_until(lambda: scope.elapsed() > 0.25 and bool(rec.wakers), 5)
+        time.sleep(0.02)
+        rec.soft_claimed.discard(scope)
+        sent = time.monotonic()
+        refused = not _stop.deliver_soft(scope)
+        worker.join(10)
+    finally:
+        timeoutcore.unpatch()
+    assert not worker.is_alive() and box["error"] is None, box
+    assert refused, "the step was not shielded: the test did not reach the refusal"
+    assert "soft_at" in box, "the wait slept on to the hard deadline"
+    assert box["soft_at"] - sent < 1.0
+
+
+def _catch(fn: Any) -> Any:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - handed back to the test
+        return exc
+    return None
+
+
 def test_soft_must_be_below_hard(api: Any) -> None:
     with pytest.raises(ValueError, match="less than"):
         api.thread_deadline(1, soft=1)

@@ -11,9 +11,9 @@ The stop time is the earliest of
   (registered here by ``_hooks`` at the scope's entry, dropped at its exit).
 
 A stop time known in advance needs no help: the wait's own timeout ends it. A change made
-by another thread (``reschedule``, ``cancel``, the soft timer delivering a soft exception)
-calls :func:`wake` with the waiting thread's id, and the wait learns of it in one of two
-ways, whichever its blocking primitive allows:
+by another thread (``reschedule``, ``cancel``, the soft timer delivering a soft exception
+or finding it refused by a shielded wait step) calls :func:`wake` with the waiting thread's
+id, and the wait learns of it in one of two ways, whichever its blocking primitive allows:
 
 * an *eventfd* per thread (:func:`wake_fd`), which poll/select based waits watch along
   with their own descriptors;
@@ -56,7 +56,7 @@ class _Record:
         self.wait_gen = 0  # the generation the current wait started from
         self.soft: dict[Any, float] = {}  # soft_raise scope -> its soft time (pending)
         self.soft_claimed: set[Any] = set()  # scopes whose delivery is being attempted
-        self.soft_hit: set[Any] = set()  # active scopes whose soft exception was delivered
+        self.soft_hit: set[Any] = set()  # active scopes whose soft exception was sent
         self.wakers: list[Callable[[], None]] = []
         self.listened = False
 
@@ -211,7 +211,8 @@ def deliver_soft(scope: Any) -> bool:
     Called by the soft timer at the soft limit and by the guarded thread itself between two
     steps of a wait (a wait whose steps are shielded would otherwise refuse it for as long
     as it waits). True when it is delivered (now or before); False when the core refused
-    (the block is shielded): the soft timer tries again later."""
+    (the block is shielded): the soft timer tries again later, and a refusal seen from
+    another thread wakes the guarded thread's wait so that it can deliver it itself."""
     rec = _records.get(scope.thread_ident)
     if rec is None:
         rec = record() if scope.thread_ident == threading.get_ident() else None
@@ -220,13 +221,25 @@ def deliver_soft(scope: Any) -> bool:
             if scope in rec.soft_claimed:
                 return True
             rec.soft_claimed.add(scope)
+            # Marked before the raise, not after: the exception can surface in the thread
+            # before this call returns (free-threaded: at once, in parallel), and a wait it
+            # ends reads the mark to know that a stop ended it (stopping(): a scope-owned
+            # child is killed then; unmarked, about 1 Popen.wait in 2000 left it running).
+            rec.soft_hit.add(scope)
     exc = SoftDeadlineExceeded if scope._soft_raise is True else scope._soft_raise
     if not engine_of(scope)._raise_in_scope(scope, exc):
         if rec is not None:
+            rec.soft_hit.discard(scope)
             rec.soft_claimed.discard(scope)
+        if scope.thread_ident != threading.get_ident():
+            # Refused because the thread is shielded -- often by a wait's own shield (a
+            # Condition.wait step): wake that wait, so that between two steps it delivers
+            # the soft exception itself (deliver_due). Without this wake the step slept on
+            # to the hard deadline, the stop time no longer counting the passed soft limit
+            # (free-threaded: about 1 Event.wait in 300 when the step's own timeout and the
+            # soft timer came together).
+            wake(scope.thread_ident)
         return False
-    if rec is not None:
-        rec.soft_hit.add(scope)
     wake(scope.thread_ident)
     return True
 
@@ -258,7 +271,7 @@ def soft_times(ident: int) -> list[float]:
 
 def stopping() -> bool:
     """Has a stop reached this thread: its hard deadline passed (or a cancel), or a soft
-    exception was delivered to one of its active scopes?"""
+    exception was sent (or is being sent) to one of its active scopes?"""
     hard = _current_deadline()
     if hard is None:
         return False

@@ -107,6 +107,13 @@ def bounded_wait(step: Step[T], timeout: Optional[float]) -> T:
         if rem <= 0.0:
             _checkpoint()  # raises, unless interrupts are held back by shield()
             return step(left)[1]
+        # A soft limit that passed (during a shielded step, or while the soft timer was
+        # still delivering it): raise it here. After begin(), not before: the soft timer
+        # marks a delivered soft exception *then* wakes, and the stop time no longer counts
+        # a passed soft limit -- a wake drained by begin() must find the mark here (on a
+        # free-threaded build both run truly in parallel: the step then waited for the
+        # hard deadline, about 1 wait in 300).
+        _deliver_due()
         last = left is not None and left <= rem  # the caller's timeout ends first...
         # A far stop time (a scope of years) is waited for a day at a time: poll() and the
         # selectors take milliseconds as a C int.
@@ -114,7 +121,7 @@ def bounded_wait(step: Step[T], timeout: Optional[float]) -> T:
         if done:
             return value
         _checkpoint()
-        _deliver_due()  # a soft limit that passed during a shielded step: raise it here
+        _deliver_due()  # before the caller's timeout may return the value below
         if end is not None:
             left = max(0.0, end - _monotonic())
             if last and left <= 0.0:  # ...unless a wake ended the step before it
