@@ -940,22 +940,31 @@ def _spin_counting(seconds: float, cell: list[int]) -> None:
                 return
 
 
-def _cpu_pool_rate(guarded: bool, tasks: int) -> float:
+POOL_PLAIN = "plain"  # the CPU pool's runs: every task its whole CPU_TASK_S, no deadline
+POOL_SAME_WORK = "same work"  # no deadline; every CPU_FIRE_EVERY-th task stops itself half-way
+POOL_DEADLINES = "deadlines"  # every task under a deadline; every CPU_FIRE_EVERY-th one fires
+
+
+def _cpu_pool_rate(mode: str, tasks: int) -> float:
     """Loop turns per second of a pool of POOL_WORKERS running ``tasks`` CPU-bound tasks of
-    CPU_TASK_S each; ``guarded``: every task under a deadline, and every CPU_FIRE_EVERY-th
-    one's fires half-way (the task stops there; the rate counts the turns it did)."""
+    CPU_TASK_S each, in one of the modes above: POOL_DEADLINES puts every task under a
+    deadline, and every CPU_FIRE_EVERY-th one's fires half-way (the task stops there; the
+    rate counts the turns it did); POOL_SAME_WORK stops those same tasks half-way without
+    any deadline, so that it does the same work in the same task lengths."""
 
     def task(k: int) -> int:
         cell = [0]
-        if not guarded:
+        short = k % CPU_FIRE_EVERY == 0
+        if mode == POOL_PLAIN:
             _spin_counting(CPU_TASK_S, cell)
-            return cell[0]
-        limit = CPU_TASK_S / 2 if k % CPU_FIRE_EVERY == 0 else NEVER
-        try:
-            with thread_deadline(limit):
-                _spin_counting(CPU_TASK_S, cell)
-        except DeadlineExceeded:
-            pass
+        elif mode == POOL_SAME_WORK:
+            _spin_counting(CPU_TASK_S / 2 if short else CPU_TASK_S, cell)
+        else:
+            try:
+                with thread_deadline(CPU_TASK_S / 2 if short else NEVER):
+                    _spin_counting(CPU_TASK_S, cell)
+            except DeadlineExceeded:
+                pass
         return cell[0]
 
     with ThreadPoolExecutor(max_workers=POOL_WORKERS, thread_name_prefix="bench") as pool:
@@ -968,27 +977,33 @@ def _cpu_pool_rate(guarded: bool, tasks: int) -> float:
 
 def run_cpu_pool(plan: Plan, progress: Optional[Progress] = None) -> dict[str, Any]:
     """The pool-throughput case under frequent deadlines: CPU work per second of 4
-    CPU-bound workers without deadlines and with every 4th task's deadline firing, runs
-    alternated, medians compared (what the fast window's GIL switches cost)."""
-    plain: list[float] = []
-    guarded: list[float] = []
+    CPU-bound workers without deadlines, with every 4th task's deadline firing, and doing
+    that same work without deadlines (those tasks stop themselves half-way); runs rotated,
+    medians compared. ``x_no_deadline`` compares with whole tasks; ``x_same_work`` with the
+    same work, which tells the deadlines' own cost apart from that of shorter tasks (more
+    task hand-offs a second in a pool that shares one GIL)."""
+    modes = (POOL_PLAIN, POOL_DEADLINES, POOL_SAME_WORK)
+    rates: dict[str, list[float]] = {m: [] for m in modes}
     for rep in range(plan.throughput_reps):
         if progress:
             progress(f"CPU pool under deadlines: run {rep + 1} of {plan.throughput_reps}")
-        order = (False, True) if rep % 2 == 0 else (True, False)
-        for g in order:
-            (guarded if g else plain).append(_cpu_pool_rate(g, CPU_POOL_TASKS))
-    base, with_deadlines = statistics.median(plain), statistics.median(guarded)
+        for m in modes[rep % 3:] + modes[:rep % 3]:  # each mode first, second, third in turn
+            rates[m].append(_cpu_pool_rate(m, CPU_POOL_TASKS))
+    base, same, with_deadlines = (statistics.median(rates[m]) for m in
+                                  (POOL_PLAIN, POOL_SAME_WORK, POOL_DEADLINES))
     return {
         "workers": POOL_WORKERS,
         "task_s": CPU_TASK_S,
         "fire_every": CPU_FIRE_EVERY,
         "tasks_per_run": CPU_POOL_TASKS,
         "plain_turns_per_s": round(base),
+        "same_work_turns_per_s": round(same),
         "deadlines_turns_per_s": round(with_deadlines),
         "x_no_deadline": round(with_deadlines / base, 3),
-        "runs_plain": [round(x) for x in plain],
-        "runs_deadlines": [round(x) for x in guarded],
+        "x_same_work": round(with_deadlines / same, 3),
+        "runs_plain": [round(x) for x in rates[POOL_PLAIN]],
+        "runs_same_work": [round(x) for x in rates[POOL_SAME_WORK]],
+        "runs_deadlines": [round(x) for x in rates[POOL_DEADLINES]],
     }
 
 
@@ -1339,7 +1354,9 @@ def render(results: dict[str, Any]) -> str:
         out += ["", f"CPU-bound pool, {cp['workers']} workers, {cp['task_s'] * 1e3:g} ms tasks, "
                 f"every {cp['fire_every']}th task's deadline fires: "
                 f"{cp['deadlines_turns_per_s']:,} loop turns/s against {cp['plain_turns_per_s']:,} "
-                f"without deadlines ({cp['x_no_deadline']:.3f}x)"]
+                f"without deadlines ({cp['x_no_deadline']:.3f}x); "
+                f"{cp['same_work_turns_per_s']:,} doing the same work without deadlines "
+                f"(those tasks stop themselves half-way: {cp['x_same_work']:.3f}x)"]
     if notes.texts:
         out += ["", *notes.lines()]
     return "\n".join(out) + "\n"
