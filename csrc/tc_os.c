@@ -104,9 +104,10 @@ static int os_short_slice(uint64_t ns)
  * g_place_busy -- a try-lock the watchdog (os_place) and a guarded thread
  * that fired its own deadline or raises a fired one (os_push_away) hold
  * for one or two system calls each, and that neither waits for: the other
- * is moving it, and only precision is lost.  g_own_cpus is the watchdog's set when it left TC_CPUS_OWN, read
- * then, so a later change of the process's affinity by the user is
- * respected; written before g_place leaves TC_CPUS_OWN. */
+ * is moving it, and only precision is lost.  g_own_cpus is the watchdog's
+ * set when it left TC_CPUS_OWN, read then, so a later change of the
+ * process's affinity by the user is respected; written before g_place
+ * leaves TC_CPUS_OWN. */
 #if TC_FREE_THREADED
 #define TC_CPUS_OWN (-1)
 #define TC_CPUS_AWAY(k) (-2 - (k))
@@ -170,9 +171,8 @@ static int os_place(int place)
 /* A guarded thread on `cpu` that has just fired its own deadline or raises
  * a fired one, any lock held: if the watchdog `tid` waits on this CPU, move
  * it off (one system call) -- its wake-up at the grace's end, or one the
- * block's exit asks for, would otherwise
- * preempt this very thread, which then waits a tick behind a busy one
- * (measured: ~2 ms). */
+ * block's exit asks for, would otherwise preempt this very thread, which
+ * then waits a tick behind a busy one (measured: ~2 ms). */
 static void os_push_away(pid_t tid, int cpu)
 {
     cpu_set_t set;

@@ -456,9 +456,9 @@ static void wd_urgent_end(void)
  * the slot's own holding it -- the process is busy?  A moment's look
  * (tc_gil_holder).  (The guarded thread itself holding it is the quiet
  * case: 3.11, which has no self-fire, takes the GIL from it.)  The watchdog
- * used to judge that by how long the take lasted (TC_PREARM_QUIET_NS), but next to
- * busy threads the GIL goes to whichever waiter gets it first after a
- * hand-off, and the watchdog, one of four or more, got it within that
+ * used to judge that by how long the take lasted (TC_PREARM_QUIET_NS), but
+ * next to busy threads the GIL goes to whichever waiter gets it first after
+ * a hand-off, and the watchdog, one of four or more, got it within that
  * time often enough to be taken for alone: it then pre-armed and let the
  * GIL go, and at the deadline had to win it again -- 1 take in ~15 lasted
  * 3-12 ms at the fast window's 200 us (3.12.1, 3 spinning threads), and
