@@ -121,10 +121,10 @@ def bounded_wait(step: Step[T], timeout: Optional[float]) -> T:
         if done:
             return value
         _checkpoint()
-        _deliver_due()  # before the caller's timeout may return the value below
         if end is not None:
             left = max(0.0, end - _monotonic())
             if last and left <= 0.0:  # ...unless a wake ended the step before it
+                _deliver_due()  # a passed soft limit first (the loop's next turn would)
                 return value
 
 
