@@ -180,6 +180,26 @@
  * with a GIL its wait is for the GIL, and nothing changed there). */
 #define TC_WD_SLICE_NS 100000ULL
 
+/* The watchdog's backstop (tc_watchdog.c: wd_rescue).  Finding: a 1 ms
+ * deadline in a quiet pool worker (3.12.1, 2 vCPUs) sometimes fired 1-6 ms
+ * late (2-3 blocks in 1000): the watchdog, woken on the other CPU, was
+ * runnable there but did not run -- a kernel thread (kdamond) held that CPU
+ * for ~4 ms and was not preempted, and the guarded thread held this one.
+ * So the thread's own kernel timer is armed TC_BACKSTOP_NS past the
+ * deadline -- by the watchdog before it sleeps for it, and by a block entry
+ * that wakes the watchdog or finds it overdue -- and if it expires
+ * before the watchdog has run since the deadline, its handler, in the
+ * guarded thread, moves the watchdog to the CPU it runs on and yields to it
+ * there; the watchdog acts, and goes back to its own CPU set before it
+ * sleeps again.  Measured with the watchdog pinned behind a real-time hog
+ * (tests/test_watchdog.py): 20 of 20 5 ms deadlines late by ~1 ms, against
+ * the hog's whole run or real-time throttling (~0.4 s) without. */
+#define TC_BACKSTOP_NS 300000LL
+
+/* The longest a scope's entry waits, GIL released, for the watchdog it has
+ * just started to be ready (tc_watchdog.c: wd_ensure). */
+#define TC_WD_READY_MAX_NS 50000000LL
+
 /* Argument bounds in seconds; the pure-Python engine checks the same. */
 #define TC_MAX_SECONDS 3.0e8
 #define TC_MAX_MONOTONIC 9.0e9
@@ -208,6 +228,9 @@ typedef struct tc_slot {
                                       a free-threaded build, as liveness) */
     int timer_ok;                  /* timer_id is a live kernel timer      */
     int timer_id;
+    _Atomic uint64_t backstop_gen; /* the gen its timer is armed for as the
+                                      watchdog's backstop, 0 if none (tc_os.c:
+                                      timer_backstop; any thread)          */
 
     /* slot_get (GIL + g_mu) and the atfork child; read by anyone. */
     pid_t tid;                     /* kernel thread id (gettid)            */
@@ -372,7 +395,7 @@ static struct {
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
-        remote_cancels, remote_relays, exit_lingers, pins;
+        remote_cancels, remote_relays, exit_lingers, pins, rescues;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)
@@ -384,7 +407,8 @@ static void slot_wake_and_kick(struct tc_slot *s);
 
 /* tc_watchdog.c */
 static void wd_wake(void);
-static void wd_notify(int64_t deadline);
+static void wd_notify(struct tc_slot *s, int64_t deadline, int64_t now);
+static void wd_rescue(struct tc_slot *s);
 static int wd_ensure(void);
 static int wd_running(void);
 

@@ -56,7 +56,7 @@ static PyObject *Shield_exit_locked(PyObject *self, PyObject *const *args, Py_ss
         atomic_fetch_add(&s->gen, 1);
         if (s->fired != NULL || stack_due(s->top, now) != NULL)
             return slot_deliver_held(s, now); /* here, synchronously */
-        wd_notify(atomic_load(&s->deadline));
+        wd_notify(s, atomic_load(&s->deadline), 0);
     }
     Py_RETURN_FALSE;
 }
@@ -683,6 +683,7 @@ static void atfork_child(void)
     atomic_store(&g_st.slots_live, 0);
     for (tc_slot *s = g_slots; s != NULL; s = s->next) {
         s->timer_ok = 0;
+        atomic_store(&s->backstop_gen, 0);
         atomic_store(&s->watch_at, 0);
         atomic_store(&s->pc_queued, 0);
         atomic_store(&s->remote_req, 0);
@@ -797,6 +798,7 @@ void tc_get_stats(struct tc_stats *o)
     o->remote_relays = atomic_load(&g_st.remote_relays);
     o->exit_lingers = atomic_load(&g_st.exit_lingers);
     o->pins = atomic_load(&g_st.pins);
+    o->rescues = atomic_load(&g_st.rescues);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

@@ -185,19 +185,84 @@ static void os_push_away(pid_t tid, int cpu)
 }
 #endif
 
+/* -- The watchdog's rescue (tc_internal.h: TC_BACKSTOP_NS) -------------------
+ * The backstop's signal handler moves a starved watchdog to its guarded
+ * thread's CPU (os_rescue); the watchdog goes back to the set it had
+ * (g_rescue_own) before it sleeps again (os_rescue_undo).  g_rescue_busy is
+ * a try-lock only rescuers hold, never across a move of the watchdog by
+ * itself: a thread that changes its own affinity may be migrated in that
+ * call onto the very CPU it is starved on, and stay there, mid-call, for as
+ * long -- with a lock held, no later rescue could move it.  A rescue that
+ * finds it busy gives up (another one is moving the watchdog). */
+static cpu_set_t g_start_cpus;     /* the watchdog's set at its start       */
+static _Atomic int g_start_known;  /* ... read (os_place_start)             */
+static cpu_set_t g_rescue_own;     /* its set before the first rescue ...   */
+static _Atomic int g_rescued;      /* ... which has not been undone         */
+static _Atomic int g_rescue_busy;
+
+/* The watchdog, as it starts: note its CPU set, the CPUs a rescue may move
+ * it to whatever its affinity is at that moment. */
+static void os_place_start(void)
+{
+    atomic_store(&g_rescued, 0);
+    atomic_store(&g_rescue_busy, 0);
+    atomic_store(&g_start_known, sched_getaffinity(0, sizeof g_start_cpus, &g_start_cpus) == 0);
+}
+
+/* In a guarded thread on `cpu` (its signal handler; async-signal-safe: a
+ * few system calls): move the watchdog `tid` to that CPU, if it started
+ * with it in its set.  0, or an errno (EBUSY: another rescue is at it). */
+static int os_rescue(pid_t tid, int cpu)
+{
+    cpu_set_t set;
+    int err = 0;
+    if (tid <= 0 || cpu < 0 || cpu >= CPU_SETSIZE || !atomic_load(&g_start_known) ||
+        !CPU_ISSET(cpu, &g_start_cpus))
+        return EINVAL;
+    if (atomic_exchange(&g_rescue_busy, 1))
+        return EBUSY;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (!atomic_load(&g_rescued) && sched_getaffinity(tid, sizeof g_rescue_own, &g_rescue_own) != 0)
+        err = errno;
+    else if (sched_setaffinity(tid, sizeof set, &set) != 0)
+        err = errno;
+    else
+        atomic_store(&g_rescued, 1);
+    atomic_store(&g_rescue_busy, 0);
+    return err;
+}
+
+/* The watchdog, before it sleeps: back to its own set after a rescue. */
+static void os_rescue_undo(void)
+{
+    cpu_set_t own;
+    if (!atomic_load(&g_rescued) || atomic_exchange(&g_rescue_busy, 1))
+        return;
+    own = g_rescue_own;
+    atomic_store(&g_rescued, 0);
+    atomic_store(&g_rescue_busy, 0);
+    /* Fails only for a set with no allowed CPU (the user changed the
+     * process's affinity meanwhile): it then stays where the rescue put it. */
+    (void)sched_setaffinity(0, sizeof own, &own);
+}
+
 /* -- The signal handler: async-signal-safe, tiny ----------------------------- */
 
-/* Its one purpose is to exist: installed without SA_RESTART, it makes the
- * guarded thread's blocking system call fail with EINTR.  Decisions are
- * taken from the slot's state, never from the signal, so a stale or late
- * signal is harmless. */
+/* Its first purpose is to exist: installed without SA_RESTART, it makes the
+ * guarded thread's blocking system call fail with EINTR.  Its second: a
+ * signal from the thread's own timer (si_value: its slot) may be the
+ * watchdog's backstop (wd_rescue: a few atomics and system calls).
+ * Decisions are taken from the slot's state, never from the signal, so a
+ * stale or late signal is harmless. */
 static void tc_handler(int signo, siginfo_t *si, void *uc)
 {
     int saved = errno;
     (void)signo;
-    (void)si;
     (void)uc;
     STAT_INC(signals_seen);
+    if (si != NULL && si->si_code == SI_TIMER && si->si_value.sival_ptr != NULL)
+        wd_rescue((tc_slot *)si->si_value.sival_ptr);
     errno = saved;
 }
 
@@ -303,6 +368,7 @@ static int timer_make(tc_slot *s)
     ev.signo = g_signo;
     ev.notify = SIGEV_THREAD_ID;
     ev.tid = s->tid;
+    ev.value.sival_ptr = s; /* slots are never freed */
     if (syscall(SYS_timer_create, CLOCK_MONOTONIC, &ev, &id) != 0)
         return errno;
     s->timer_id = id;
@@ -320,12 +386,41 @@ static void timer_drop(tc_slot *s)
             STAT_DEC(timers_live);
         s->timer_ok = 0;
     }
+    atomic_store(&s->backstop_gen, 0);
+}
+
+/* Arm the slot's timer to expire TC_BACKSTOP_NS past `deadline`, the
+ * deadline of its generation `gen`, unless it is armed for that gen already
+ * (tc_watchdog.c: wd_rescue).  Any thread; the slot's thread alive. */
+static void timer_backstop(tc_slot *s, uint64_t gen, int64_t deadline)
+{
+    struct itimerspec its;
+    if (!s->timer_ok || deadline == TC_NEVER || atomic_exchange(&s->backstop_gen, gen) == gen)
+        return;
+    memset(&its, 0, sizeof its);
+    its.it_value = to_ts(deadline + TC_BACKSTOP_NS);
+    if (syscall(SYS_timer_settime, s->timer_id, TIMER_ABSTIME, &its, NULL) != 0)
+        atomic_store(&s->backstop_gen, 0); /* only EINVAL: no backstop, as before */
+}
+
+/* Take the backstop back, if armed: the slot's deadline changed (its
+ * thread, or whoever reschedules it). */
+static void timer_backstop_off(tc_slot *s)
+{
+    struct itimerspec its;
+    if (atomic_load(&s->backstop_gen) == 0 || atomic_exchange(&s->backstop_gen, 0) == 0 ||
+        !s->timer_ok)
+        return;
+    memset(&its, 0, sizeof its);
+    /* Fails only for an invalid id (a timer gone with its thread). */
+    (void)syscall(SYS_timer_settime, s->timer_id, 0, &its, NULL);
 }
 
 /* Send the thread-directed signal now, through the thread's own timer (one
  * nanosecond from now); tgkill when the thread has no timer. */
 static void kick(tc_slot *s)
 {
+    atomic_store(&s->backstop_gen, 0); /* the timer is the kick's now */
     if (s->timer_ok) {
         struct itimerspec its;
         memset(&its, 0, sizeof its);

@@ -202,6 +202,19 @@ static PyObject *Scope_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return self;
 }
 
+/* A scope entered a second time: the error, and 1; 0 if it is new. */
+static int scope_not_new(Scope *sc)
+{
+    if (sc->state == SCOPE_NEW)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError,
+                    sc->state == SCOPE_ACTIVE
+                        ? "this deadline scope is already active; scopes are not re-entrant"
+                        : "this deadline scope was already used; scopes are not reusable "
+                          "(create a new one, or use it as a decorator)");
+    return 1;
+}
+
 static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
 {
     Scope *sc = as_scope(self);
@@ -209,13 +222,15 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
     int64_t now;
     (void)unused;
 
-    if (sc->state != SCOPE_NEW) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        sc->state == SCOPE_ACTIVE
-                            ? "this deadline scope is already active; scopes are not re-entrant"
-                            : "this deadline scope was already used; scopes are not reusable "
-                              "(create a new one, or use it as a decorator)");
+    if (scope_not_new(sc))
         return NULL;
+    /* The first block with a deadline starts the watchdog -- before anything
+     * of the block is set up or its time counts: wd_ensure lets the GIL go
+     * until the watchdog is ready (another thread may enter this same scope
+     * meanwhile: look again). */
+    if (!wd_running() && (sc->has_deadline_arg ? sc->deadline != TC_NEVER : !isnan(sc->seconds))) {
+        if (wd_ensure() < 0 || scope_not_new(sc))
+            return NULL;
     }
     s = t_slot;
     if (s == NULL && (s = slot_get()) == NULL)
@@ -258,8 +273,6 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
     now = now_ns();
     if (!sc->has_deadline_arg)
         sc->deadline = isnan(sc->seconds) ? TC_NEVER : now + (int64_t)(sc->seconds * TC_NS_PER_S_F);
-    if (!wd_running() && sc->deadline != TC_NEVER && wd_ensure() < 0)
-        return NULL;
     sc->entered = now;
     sc->state = SCOPE_ACTIVE;
     sc->slot = s;
@@ -286,7 +299,7 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
             atomic_store(&s->state,
                          atomic_load(&s->deadline) == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
         atomic_fetch_add(&s->gen, 1);
-        wd_notify(sc->deadline);
+        wd_notify(s, sc->deadline, now);
     }
     Py_INCREF(self);
     return self;
@@ -383,7 +396,7 @@ static int run_exit_hook(tc_slot *s, PyObject *hook, PyObject *self, PyObject *e
     held = atomic_load(&s->shield) == 0 &&
            (s->fired != NULL || (s->top != NULL && stack_due(s->top, now_ns()) != NULL));
     if (!held)
-        wd_notify(atomic_load(&s->deadline));
+        wd_notify(s, atomic_load(&s->deadline), 0);
     return held;
 }
 

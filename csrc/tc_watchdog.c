@@ -25,6 +25,8 @@ static _Atomic uint32_t g_wd_seq;         /* futex word to wake it        */
 static _Atomic int64_t g_wd_planned = 0;  /* when it means to act next    */
 static _Atomic int64_t g_wd_wake_at = 0;  /* when its current sleep ends  */
 static _Atomic int g_wd_tid;              /* its kernel thread id         */
+static _Atomic int64_t g_wd_seen_at = 0;  /* when it last planned (awake) */
+static _Atomic uint32_t g_wd_ready;       /* it has its thread state      */
 static _Atomic int64_t g_lead = TC_SWITCH_DEFAULT_NS + TC_LEAD_MARGIN_NS;
 static _Atomic int64_t g_switch = TC_SWITCH_DEFAULT_NS;
 /* How much longer than one switch interval the watchdog has lately waited for
@@ -49,13 +51,64 @@ static void wd_wake(void)
     futex_wake_all(&g_wd_seq);
 }
 
-/* A slot's deadline may have moved earlier: wake the watchdog if it means to
- * sleep past the moment it must ask for the GIL (free-threaded: pre-arm). */
-static void wd_notify(int64_t deadline)
+/* Slot s's deadline may have moved earlier: wake the watchdog if it means to
+ * sleep past the moment it must ask for the GIL (free-threaded: pre-arm).
+ * The watchdog may not get a CPU (tc_internal.h: TC_BACKSTOP_NS), and then
+ * cannot arm the slot's backstop itself: it is armed here first when the
+ * watchdog must be woken (a futex wake is paid anyway), or when it is
+ * overdue -- its planned moment has passed, so it is busy, or starved.  An
+ * entry that finds it asleep until a later moment costs no system call:
+ * the watchdog arms the backstop when it plans for it.  (Arming at every
+ * entry of a deadline 20 ms away or less cost such a block 0.49 -> 1.85 us,
+ * 3.12.1, for a tail no better beyond the noise.)  `now`: the caller's
+ * clock reading, or 0. */
+static void wd_notify(tc_slot *s, int64_t deadline, int64_t now)
 {
-    if (deadline != TC_NEVER &&
-        deadline - atomic_load(&g_lead) - prearm_lead() < atomic_load(&g_wd_planned))
+    if (deadline == TC_NEVER)
+        return;
+    int64_t planned = atomic_load(&g_wd_planned);
+    int wake = deadline - atomic_load(&g_lead) - prearm_lead() < planned;
+    if (atomic_load(&s->alive) && (wake || planned <= (now != 0 ? now : now_ns())))
+        timer_backstop(s, atomic_load(&s->gen), deadline);
+    if (wake)
         wd_wake();
+}
+
+/* The backstop's signal handler, in slot s's thread (tc_os.c: tc_handler;
+ * async-signal-safe: atomics and system calls).  If the signal is s's
+ * backstop -- armed for its current gen, which has not fired -- and the
+ * watchdog has not planned since the deadline, it is starved of a CPU:
+ * move it to this thread's (os_rescue) and wake it; it preempts this
+ * thread there, acts, and goes back to its own CPU set before it sleeps
+ * again.  A watchdog waiting for the GIL (or holding it up to the deadline)
+ * is moved too, which only costs it a migration. */
+static void wd_rescue(tc_slot *s)
+{
+    uint64_t gen = atomic_load(&s->backstop_gen);
+    unsigned cpu = 0;
+    if (gen == 0 || gen != atomic_load(&s->gen) || atomic_load(&s->state) != SLOT_ARMED ||
+        atomic_load(&g_wd_seen_at) >= atomic_load(&s->deadline))
+        return;
+    if (syscall(SYS_getcpu, &cpu, NULL, NULL) != 0)
+        return;
+    int moved = os_rescue((pid_t)atomic_load(&g_wd_tid), (int)cpu) == 0;
+    wd_wake();
+    if (moved) {
+        STAT_INC(rescues);
+        (void)sched_yield();
+    }
+}
+
+/* Before the watchdog sleeps for slot s's deadline of generation `gen`: the
+ * slot's backstop, armed once per gen. */
+static void wd_backstop(tc_slot *s, uint64_t gen, int64_t deadline)
+{
+    if (s != NULL && deadline != TC_NEVER && atomic_load(&s->backstop_gen) != gen) {
+        pthread_mutex_lock(&g_mu); /* the timer lives while the slot does */
+        if (s->alive)
+            timer_backstop(s, gen, deadline);
+        pthread_mutex_unlock(&g_mu);
+    }
 }
 
 typedef struct {
@@ -771,9 +824,12 @@ static void *wd_main(void *arg)
 #if TC_FREE_THREADED
     os_place_init();
 #endif
+    os_place_start();
     atomic_store(&g_wd_tid, (int)syscall(SYS_gettid));
     gs = PyGILState_Ensure();
     ts = PyEval_SaveThread();
+    atomic_store(&g_wd_ready, 1);
+    futex_wake_all(&g_wd_ready);
 
     for (;;) {
         int64_t fast_until, fu2;
@@ -797,6 +853,7 @@ static void *wd_main(void *arg)
         if (atomic_load(&g_urgent_n) > 0 && (fu2 = atomic_load(&g_urgent_until)) > fast_until)
             fast_until = fu2;
         int64_t t0 = now_ns(), off_at = hook_idle_off_at(ev.at, t0);
+        atomic_store(&g_wd_seen_at, t0);
         if (off_at <= t0) { /* free-threaded: idle delivery events go (tc_deliver.c) */
             PyEval_RestoreThread(ts);
             hook_idle_off(t0);
@@ -812,9 +869,11 @@ static void *wd_main(void *arg)
             }
             else
                 fast_leave();
+            os_rescue_undo(); /* after a rescue: its own set again (wd_rescue) */
 #if TC_FREE_THREADED
             wake = wd_place(ev, wake, t0);
 #endif
+            wd_backstop(ev.slot, ev.gen, ev.deadline);
             STAT_INC(watchdog_wakeups);
             atomic_store(&g_wd_wake_at, wake);
             (void)futex_wait_until(&g_wd_seq, seen, wake); /* any return: plan again */
@@ -921,6 +980,7 @@ static int wd_ensure(void)
     refresh_switch_interval();
     atomic_store(&g_wd_stop, 0);
     atomic_store(&g_wd_planned, 0);
+    atomic_store(&g_wd_ready, 0);
     sigfillset(&all);
     if ((err = pthread_sigmask(SIG_SETMASK, &all, &old)) != 0)
         goto fail;
@@ -929,6 +989,22 @@ static int wd_ensure(void)
     if (err != 0)
         goto fail;
     g_wd_running = 1;
+#if !TC_FREE_THREADED
+    /* The watchdog takes the GIL once as it starts (its thread state), and
+     * the caller -- about to run a body under a deadline -- would hold it
+     * for a switch interval: the process's first deadline was then late by
+     * up to that (a 1 ms deadline on a CPU loop in a pool worker: fired
+     * 3-5 ms late, every time).  So the caller lets it go until the
+     * watchdog is ready; bounded, for a start that can never take the GIL
+     * (a thread started during finalization is ended there). */
+    {
+        int64_t until = now_ns() + TC_WD_READY_MAX_NS;
+        Py_BEGIN_ALLOW_THREADS
+        while (!atomic_load(&g_wd_ready) && now_ns() < until)
+            (void)futex_wait_until(&g_wd_ready, 0, until);
+        Py_END_ALLOW_THREADS
+    }
+#endif
     return 0;
 fail:
     errno = err;
@@ -949,6 +1025,7 @@ static int wd_stop(void)
     err = pthread_join(g_wd, NULL);
     Py_END_ALLOW_THREADS
     g_wd_running = 0;
+    atomic_store(&g_wd_tid, 0); /* gone: a late backstop moves nothing */
     return err;
 }
 
@@ -957,11 +1034,13 @@ static void wd_forget_after_fork(void)
 {
     fast_leave_locked(0); /* the child starts with the user's interval */
     g_wd_running = 0;
+    atomic_store(&g_wd_tid, 0); /* the parent's: never moved from here */
+    atomic_store(&g_wd_seen_at, 0);
+    atomic_store(&g_wd_ready, 0);
 #if TC_FREE_THREADED
     os_place_init(); /* no watchdog to move until the child's starts */
     g_pin_slot = NULL;
     g_pin_fired_at = 0;
-    atomic_store(&g_wd_tid, 0);
 #endif
     atomic_store(&g_wd_planned, 0);
     atomic_store(&g_urgent_until, 0);

@@ -152,6 +152,9 @@ struct tc_stats {
     uint64_t pins;             /* free-threaded: the watchdog's moves to
                                   a guarded thread's CPU ahead of a
                                   pre-armed deadline (tc_watchdog.c)     */
+    uint64_t rescues;          /* the watchdog moved to a guarded thread's
+                                  CPU by its backstop timer: it had not
+                                  run since the deadline (tc_watchdog.c) */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

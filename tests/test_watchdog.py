@@ -569,3 +569,81 @@ def test_a_crowded_process_gets_an_earlier_watchdog_and_no_prearm() -> None:
     assert lead == pytest.approx(switch + 800e-6 + min(crowd, 3e-3))
     if PREARM_IF_QUIET:
         assert after["gil_holds"] > before["gil_holds"], (before, after)
+
+
+#: A real-time CPU hog for the starved-watchdog test: pins itself to the CPU given, switches
+#: to SCHED_FIFO (says "rt" if it could, "no" otherwise), then spins until killed, or for
+#: 5 s at most -- it never outlives a test that dies.
+_RT_HOG = """
+import os, sys, time
+os.sched_setaffinity(0, {int(sys.argv[1])})
+try:
+    os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+except OSError:
+    print("no", flush=True)
+    sys.exit(0)
+print("rt", flush=True)
+end = time.monotonic() + 5
+while time.monotonic() < end:
+    pass
+"""
+
+
+def test_a_watchdog_starved_of_its_cpu_is_moved_to_the_guarded_threads() -> None:
+    """The watchdog's backstop (csrc/tc_internal.h: TC_BACKSTOP_NS): the watchdog can be
+    runnable and still not run -- woken on a CPU that something it cannot preempt holds
+    (a kernel thread, here a real-time process) while the guarded thread holds the other.
+    Then the thread's own timer, armed past the deadline, moves the watchdog to the
+    thread's CPU, and the deadline lands late by a fraction of a millisecond instead of
+    whenever that CPU is free again (here: until real-time throttling, ~0.95 s)."""
+    import subprocess
+
+    from timeoutcore import _native
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    here, there = cpus[0], cpus[1]
+    with timeoutcore.thread_deadline(10):
+        pass  # the watchdog runs
+    give_up = time.monotonic() + 5
+    while (wd := _native.watchdog_native_id()) == 0 and time.monotonic() < give_up:
+        time.sleep(0.001)
+    assert wd != 0
+    wd_cpus = os.sched_getaffinity(wd)
+    hog = subprocess.Popen([sys.executable, "-c", _RT_HOG, str(there)], stdout=subprocess.PIPE,
+                           text=True)
+    late: list[float] = []
+    before = _native.stats()
+
+    def guarded() -> None:
+        os.sched_setaffinity(0, {here})
+        for _ in range(20):
+            t0 = time.monotonic()
+            try:
+                with timeoutcore.thread_deadline(0.005):
+                    while time.monotonic() - t0 < 0.5:
+                        pass
+            except DeadlineExceeded:
+                late.append(time.monotonic() - t0 - 0.005)
+            time.sleep(0.002)
+
+    try:
+        assert hog.stdout is not None
+        if hog.stdout.readline().strip() != "rt":
+            pytest.skip("no real-time scheduling here (needs CAP_SYS_NICE)")
+        os.sched_setaffinity(wd, {there})  # the watchdog waits where the hog runs
+        t = threading.Thread(target=guarded)
+        t.start()
+        t.join()
+    finally:
+        hog.kill()
+        hog.wait(10)
+        try:
+            os.sched_setaffinity(wd, wd_cpus)
+        except OSError:
+            pass
+    after = _native.stats()
+    assert len(late) == 20, late  # each deadline fired within the 0.5 s loop
+    assert max(late) < 0.2, sorted(late)
+    assert after["rescues"] > before["rescues"], (before, after)
