@@ -409,7 +409,7 @@ static void slot_wake_and_kick(struct tc_slot *s);
 static void wd_wake(void);
 static void wd_notify(struct tc_slot *s, int64_t deadline, int64_t now);
 static void wd_rescue(struct tc_slot *s);
-static int wd_ensure(void);
+static int wd_ensure(int wait);
 static int wd_running(void);
 
 /* tc_remote.c */

@@ -522,7 +522,7 @@ static PyObject *mod_ensure_watchdog_locked(PyObject *m, PyObject *unused)
         pthread_mutex_unlock(&g_mu);
     }
     hook_idle_off(TC_NEVER); /* free-threaded: those deliveries' events go now */
-    if (need && wd_ensure() < 0)
+    if (need && wd_ensure(0) < 0)
         return NULL;
     Py_RETURN_NONE;
 }

@@ -229,7 +229,7 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
      * until the watchdog is ready (another thread may enter this same scope
      * meanwhile: look again). */
     if (!wd_running() && (sc->has_deadline_arg ? sc->deadline != TC_NEVER : !isnan(sc->seconds))) {
-        if (wd_ensure() < 0 || scope_not_new(sc))
+        if (wd_ensure(1) < 0 || scope_not_new(sc))
             return NULL;
     }
     s = t_slot;

@@ -970,8 +970,11 @@ static void *wd_main(void *arg)
 }
 
 /* Start the watchdog if it is not running.  GIL held.  Its signal mask
- * blocks everything: the core's signal must only reach guarded threads. */
-static int wd_ensure(void)
+ * blocks everything: the core's signal must only reach guarded threads.
+ * `wait`: a block is about to start -- let the GIL go until the watchdog is
+ * ready (below).  (Not in a fork child's restart: that thread runs on at
+ * once, as it did in the parent.) */
+static int wd_ensure(int wait)
 {
     sigset_t all, old;
     int err;
@@ -993,17 +996,20 @@ static int wd_ensure(void)
     /* The watchdog takes the GIL once as it starts (its thread state), and
      * the caller -- about to run a body under a deadline -- would hold it
      * for a switch interval: the process's first deadline was then late by
-     * up to that (a 1 ms deadline on a CPU loop in a pool worker: fired
-     * 3-5 ms late, every time).  So the caller lets it go until the
-     * watchdog is ready; bounded, for a start that can never take the GIL
-     * (a thread started during finalization is ended there). */
-    {
+     * up to that (a 1 ms deadline on a CPU loop in a pool worker: raised
+     * 5-16 ms after the entry on 3.11-3.13, 1.4-1.7 ms with the wait).  So
+     * the caller lets it go until the watchdog is ready; bounded, for a
+     * start that can never take the GIL (a thread started during
+     * finalization is ended there). */
+    if (wait) {
         int64_t until = now_ns() + TC_WD_READY_MAX_NS;
         Py_BEGIN_ALLOW_THREADS
         while (!atomic_load(&g_wd_ready) && now_ns() < until)
             (void)futex_wait_until(&g_wd_ready, 0, until);
         Py_END_ALLOW_THREADS
     }
+#else
+    (void)wait; /* nothing to wait for: the watchdog needs no GIL to start */
 #endif
     return 0;
 fail:
