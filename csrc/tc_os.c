@@ -186,32 +186,39 @@ static void os_push_away(pid_t tid, int cpu)
 #endif
 
 /* -- The watchdog's rescue (tc_internal.h: TC_BACKSTOP_NS) -------------------
- * The backstop's signal handler moves a starved watchdog to its guarded
- * thread's CPU (os_rescue); the watchdog goes back to the set it had
- * (g_rescue_own) before it sleeps again (os_rescue_undo).  g_rescue_busy is
- * a try-lock only rescuers hold, never across a move of the watchdog by
- * itself: a thread that changes its own affinity may be migrated in that
- * call onto the very CPU it is starved on, and stay there, mid-call, for as
- * long -- with a lock held, no later rescue could move it.  A rescue that
- * finds it busy gives up (another one is moving the watchdog). */
+ * The backstop's signal handler, in a guarded thread on `cpu` (async-signal-
+ * safe: a few system calls), moves a starved watchdog `tid` to that CPU --
+ * one it started with, whatever its affinity is at that moment (os_rescue:
+ * 0, or an errno) -- and the watchdog goes back before it sleeps again
+ * (os_rescue_undo).
+ *
+ * Free-threaded, where the watchdog has a placement of its own (g_place,
+ * above): the move is one more placement, under the same try-lock, and
+ * wd_place, which runs before every sleep, decides where it goes next.
+ * With a GIL: g_rescue_busy is a try-lock only rescuers hold, never across a
+ * move of the watchdog by itself -- a thread that changes its own affinity
+ * may be migrated in that call onto the very CPU it is starved on, and stay
+ * there, mid-call, for as long; with a lock held, no later rescue could move
+ * it.  Either way, a rescue that finds the lock taken gives up (EBUSY:
+ * another move is under way). */
 static cpu_set_t g_start_cpus;     /* the watchdog's set at its start       */
 static _Atomic int g_start_known;  /* ... read (os_place_start)             */
+#if !TC_FREE_THREADED
 static cpu_set_t g_rescue_own;     /* its set before the first rescue ...   */
 static _Atomic int g_rescued;      /* ... which has not been undone         */
 static _Atomic int g_rescue_busy;
+#endif
 
-/* The watchdog, as it starts: note its CPU set, the CPUs a rescue may move
- * it to whatever its affinity is at that moment. */
+/* The watchdog, as it starts: note its CPU set. */
 static void os_place_start(void)
 {
+#if !TC_FREE_THREADED
     atomic_store(&g_rescued, 0);
     atomic_store(&g_rescue_busy, 0);
+#endif
     atomic_store(&g_start_known, sched_getaffinity(0, sizeof g_start_cpus, &g_start_cpus) == 0);
 }
 
-/* In a guarded thread on `cpu` (its signal handler; async-signal-safe: a
- * few system calls): move the watchdog `tid` to that CPU, if it started
- * with it in its set.  0, or an errno (EBUSY: another rescue is at it). */
 static int os_rescue(pid_t tid, int cpu)
 {
     cpu_set_t set;
@@ -219,10 +226,24 @@ static int os_rescue(pid_t tid, int cpu)
     if (tid <= 0 || cpu < 0 || cpu >= CPU_SETSIZE || !atomic_load(&g_start_known) ||
         !CPU_ISSET(cpu, &g_start_cpus))
         return EINVAL;
-    if (atomic_exchange(&g_rescue_busy, 1))
-        return EBUSY;
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
+#if TC_FREE_THREADED
+    if (atomic_load(&g_place) == cpu)
+        return EALREADY;
+    if (!place_lock())
+        return EBUSY;
+    if (atomic_load(&g_place) == TC_CPUS_OWN &&
+        sched_getaffinity(tid, sizeof g_own_cpus, &g_own_cpus) != 0)
+        err = errno;
+    else if (sched_setaffinity(tid, sizeof set, &set) != 0)
+        err = errno;
+    else
+        atomic_store(&g_place, cpu);
+    place_unlock();
+#else
+    if (atomic_exchange(&g_rescue_busy, 1))
+        return EBUSY;
     if (!atomic_load(&g_rescued) && sched_getaffinity(tid, sizeof g_rescue_own, &g_rescue_own) != 0)
         err = errno;
     else if (sched_setaffinity(tid, sizeof set, &set) != 0)
@@ -230,12 +251,15 @@ static int os_rescue(pid_t tid, int cpu)
     else
         atomic_store(&g_rescued, 1);
     atomic_store(&g_rescue_busy, 0);
+#endif
     return err;
 }
 
-/* The watchdog, before it sleeps: back to its own set after a rescue. */
+/* The watchdog, before it sleeps: back to its own set after a rescue
+ * (free-threaded: wd_place does, from g_own_cpus). */
 static void os_rescue_undo(void)
 {
+#if !TC_FREE_THREADED
     cpu_set_t own;
     if (!atomic_load(&g_rescued) || atomic_exchange(&g_rescue_busy, 1))
         return;
@@ -245,6 +269,7 @@ static void os_rescue_undo(void)
     /* Fails only for a set with no allowed CPU (the user changed the
      * process's affinity meanwhile): it then stays where the rescue put it. */
     (void)sched_setaffinity(0, sizeof own, &own);
+#endif
 }
 
 /* -- The signal handler: async-signal-safe, tiny ----------------------------- */
