@@ -144,29 +144,33 @@ static int place_set(int place, cpu_set_t *set)
     return CPU_COUNT(set) > 0;
 }
 
-/* The watchdog: run where `place` says.  Returns 0, or an errno (busy: the
- * guarded thread is moving it; EINVAL: no such place); it then stays where
- * it is. */
-static int os_place(int place)
+/* Move the watchdog -- thread `tid`, 0 from the watchdog itself -- to
+ * `place`: the CPU set place_set gives for it, or `set` if not NULL.
+ * Returns 0, or an errno (busy: another thread is moving it; EINVAL: no
+ * such place); it then stays where it is. */
+static int place_move(pid_t tid, int place, const cpu_set_t *set)
 {
-    cpu_set_t set;
+    cpu_set_t placed;
     int err = 0;
     if (atomic_load(&g_place) == place)
         return 0;
     if (!place_lock())
         return EBUSY;
     if (atomic_load(&g_place) == TC_CPUS_OWN &&
-        sched_getaffinity(0, sizeof g_own_cpus, &g_own_cpus) != 0)
+        sched_getaffinity(tid, sizeof g_own_cpus, &g_own_cpus) != 0)
         err = errno;
-    else if (!place_set(place, &set))
+    else if (set == NULL && !place_set(place, &placed))
         err = EINVAL;
-    else if (sched_setaffinity(0, sizeof set, &set) != 0)
+    else if (sched_setaffinity(tid, sizeof placed, set != NULL ? set : &placed) != 0)
         err = errno;
     else
         atomic_store(&g_place, place);
     place_unlock();
     return err;
 }
+
+/* The watchdog: run where `place` says. */
+static int os_place(int place) { return place_move(0, place, NULL); }
 
 /* A guarded thread on `cpu` that has just fired its own deadline or raises
  * a fired one, any lock held: if the watchdog `tid` waits on this CPU, move
@@ -231,16 +235,7 @@ static int os_rescue(pid_t tid, int cpu)
 #if TC_FREE_THREADED
     if (atomic_load(&g_place) == cpu)
         return EALREADY;
-    if (!place_lock())
-        return EBUSY;
-    if (atomic_load(&g_place) == TC_CPUS_OWN &&
-        sched_getaffinity(tid, sizeof g_own_cpus, &g_own_cpus) != 0)
-        err = errno;
-    else if (sched_setaffinity(tid, sizeof set, &set) != 0)
-        err = errno;
-    else
-        atomic_store(&g_place, cpu);
-    place_unlock();
+    err = place_move(tid, cpu, &set); /* a CPU it started with, even outside its own set */
 #else
     if (atomic_exchange(&g_rescue_busy, 1))
         return EBUSY;
