@@ -401,10 +401,18 @@ static inline int tc_uncovered_no_raise(PyFrameObject *f, int off)
  * used there (TC_DIRECT_BACK_EDGE; tried on 3.14.7: a loop that ended first
  * met it at the entry of its with's __exit__, which then never ran -- the
  * hammer's one-line loops leaked their semaphore).  CPython attributes that exception to
- * the unit before the jump's target (the jump is taken before the check);
- * 1 if frame `f` is at a JUMP_BACKWARD whose own unit, target and the unit
- * before the target all have the same handler: the loop's.  (3.11's
- * POP_JUMP_BACKWARD_IF_* check the breaker too; they are left to the hook.) */
+ * the unit before the jump's target (the jump is taken before the check:
+ * exception_unwind looks up INSTR_OFFSET()-1 with next_instr at the target);
+ * 1 if frame `f` is at a JUMP_BACKWARD whose target and the unit before the
+ * target have the same handler: the loop's.  The jump's own unit is not
+ * consulted -- the raise is never attributed to it -- and must not be: the
+ * compiler leaves the closing jump of a loop written inline in a `with` or
+ * `try` block (`while <cond>:`, or a `for` whose body ends in an `if ...:
+ * break`) outside every handler range (3.12.1: `with cm: while t() < x:
+ * pass` has the table's ranges end before and resume after the jump), and
+ * requiring its handler to match refused every such loop -- left to the
+ * hook, 0.35 ms later.  (3.11's POP_JUMP_BACKWARD_IF_* check the breaker
+ * too; they are left to the hook.) */
 /* The unit a JUMP_BACKWARD at byte `off` jumps to, or -1 if there is none
  * there.  Its oparg counts back from the unit after it and its cache: none on
  * 3.11 and 3.12, one unit from 3.13. */
@@ -425,16 +433,16 @@ static inline int tc_jump_back_target(const unsigned char *b, Py_ssize_t n, int 
 #define TC_DIRECT_BACK_EDGE 1
 static inline int tc_back_edge_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n, int off)
 {
-    int target = tc_jump_back_target(b, n, off), h;
-    if (target < 1)
+    int target = tc_jump_back_target(b, n, off);
+    if (target < 0)
         return 0;
-    h = tc_exc_handler(code, off / 2);
-    return h == tc_exc_handler(code, target) && h == tc_exc_handler(code, target - 1);
+    return target >= 1 && tc_exc_handler(code, target) == tc_exc_handler(code, target - 1) ? 1 : -1;
 }
 
+/* 1 at a usable back-edge; 0 elsewhere (and at a refused one). */
 static inline int tc_back_edge_in_loop(PyFrameObject *f)
 {
-    return tc_ask_code(f, PyFrame_GetLasti(f), tc_back_edge_test, 0);
+    return tc_ask_code(f, PyFrame_GetLasti(f), tc_back_edge_test, 0) == 1;
 }
 #else
 #define TC_DIRECT_BACK_EDGE 0
@@ -454,7 +462,10 @@ static inline int tc_back_edge_in_loop(PyFrameObject *f)
  * to the jump itself, which must share the handler of the jump's target.  3.13 leaves the closing
  * jump of a `while <cond>:` loop outside the handler ranges (cpython#130279;
  * 3.13.0: `with lock: while cond(): ...`, the jump one past the range's
- * end): refused, so such a loop is left to the hook. */
+ * end): refused, so such a loop is left to the hook.  -1 at such a refused
+ * back-edge (a JUMP_BACKWARD that is this loop's breaker check and never
+ * usable: the caller hands the loop to the hook at once), 0 at any other
+ * instruction. */
 #if PY_VERSION_HEX >= 0x030C0000 && !TC_FREE_THREADED
 #define TC_SELF_FIRE 1
 #if PY_VERSION_HEX >= 0x030D0000
@@ -462,16 +473,18 @@ static inline int tc_breaker_back_edge_test(PyCodeObject *code, const unsigned c
                                             int off)
 {
     int target = tc_jump_back_target(b, n, off);
-    return target >= 0 && tc_exc_handler(code, off / 2) == tc_exc_handler(code, target);
+    if (target < 0)
+        return 0;
+    return tc_exc_handler(code, off / 2) == tc_exc_handler(code, target) ? 1 : -1;
 }
+#else
+#define tc_breaker_back_edge_test tc_back_edge_test /* 3.12: the jump comes first */
+#endif
 
 static inline int tc_breaker_back_edge(PyFrameObject *f)
 {
     return tc_ask_code(f, PyFrame_GetLasti(f), tc_breaker_back_edge_test, 0);
 }
-#else
-static inline int tc_breaker_back_edge(PyFrameObject *f) { return tc_back_edge_in_loop(f); }
-#endif
 #else
 #define TC_SELF_FIRE 0
 #endif

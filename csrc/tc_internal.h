@@ -395,7 +395,7 @@ static struct {
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
-        remote_cancels, remote_relays, exit_lingers, pins, rescues;
+        pending_handovers, remote_cancels, remote_relays, exit_lingers, pins, rescues;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

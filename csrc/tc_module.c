@@ -794,6 +794,7 @@ void tc_get_stats(struct tc_stats *o)
     o->direct_raises = atomic_load(&g_st.direct_raises);
     o->pending_calls = atomic_load(&g_st.pending_calls);
     o->pending_raises = atomic_load(&g_st.pending_raises);
+    o->pending_handovers = atomic_load(&g_st.pending_handovers);
     o->remote_cancels = atomic_load(&g_st.remote_cancels);
     o->remote_relays = atomic_load(&g_st.remote_relays);
     o->exit_lingers = atomic_load(&g_st.exit_lingers);

@@ -142,6 +142,8 @@ struct tc_stats {
     uint64_t pending_calls;    /* self-fire calls queued for a thread that
                                   held the GIL at its deadline (3.12+)    */
     uint64_t pending_raises;   /* ... deadlines such a call raised        */
+    uint64_t pending_handovers; /* ... handed to the hook at once: the loop's
+                                  back-edge could not take the raise     */
     uint64_t remote_cancels;   /* cancels read off the registry's control
                                   channel without the GIL (tc_remote.c)   */
     uint64_t remote_relays;    /* ... of them fired by the GIL's holder at
