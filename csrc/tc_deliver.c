@@ -233,18 +233,25 @@ static int64_t prearm_lead(void)
 #endif
 }
 
+/* The slot's own thread notes the CPU it runs on, for the watchdog
+ * (sched_getcpu reads the kernel's rseq area, a load; stored only when it
+ * changed). */
+static inline void slot_note_cpu(tc_slot *s)
+{
+    int cpu = sched_getcpu();
+    if (cpu != atomic_load_explicit(&s->cpu, memory_order_relaxed))
+        atomic_store_explicit(&s->cpu, cpu, memory_order_relaxed);
+}
+
 /* The hook's test, any thread, no lock: pre-armed and due?  Free-threaded,
  * a pre-armed slot's thread also notes its CPU here for the watchdog
- * (tc_internal.h: TC_PIN_AHEAD_NS; sched_getcpu reads the kernel's rseq
- * area, a load). */
+ * (tc_internal.h: TC_PIN_AHEAD_NS). */
 static inline int prearm_due(tc_slot *s)
 {
     if (!atomic_load(&s->prearmed))
         return 0;
 #if TC_FREE_THREADED
-    int cpu = sched_getcpu();
-    if (cpu != atomic_load_explicit(&s->cpu, memory_order_relaxed))
-        atomic_store_explicit(&s->cpu, cpu, memory_order_relaxed);
+    slot_note_cpu(s);
 #endif
     return atomic_load(&s->shield) == 0 && atomic_load(&s->deadline) <= now_ns();
 }

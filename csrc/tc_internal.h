@@ -285,10 +285,11 @@ typedef struct tc_slot {
                                       `deadline` (set by wd_prearm; cleared
                                       by any fire, by the owner's exit and
                                       by deliver_cancel)                   */
-    _Atomic int cpu;               /* free-threaded: the CPU its pre-armed
-                                      hook last ran on, -1 if none yet
-                                      (written by the owner, read by the
-                                      watchdog: wd_place)                  */
+    _Atomic int cpu;               /* the CPU the owner last noted running
+                                      on, -1 if none yet: free-threaded, its
+                                      pre-armed hook's (wd_place); with a
+                                      GIL, 3.12+, at entry and at the
+                                      prepare (wd_watch's spin)            */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
     /* The self-fire (tc_watchdog.c: wd_watch, tc_deliver.c: pc_fire). */
     _Atomic(const void *) tstate_id; /* its thread state, only ever compared
@@ -299,6 +300,7 @@ typedef struct tc_slot {
                                       the watchdog only, valid for ...     */
     _Atomic uint64_t watch_gen;    /* ... this gen                         */
     uint64_t prepare_gen;          /* watchdog: gen it asked to prepare for */
+    uint64_t sleep_gen;            /* watchdog: gen it slept, not spun, for */
     uint64_t kick_gen;             /* watchdog: gen it kicked while watched */
     /* Remote cancels (tc_remote.c): set without the GIL by the control
      * channel's reader (remote_mark), taken with it at fire time. */
@@ -395,7 +397,7 @@ static struct {
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
-        pending_handovers, remote_cancels, remote_relays, exit_lingers, pins, rescues;
+        pending_handovers, watch_sleeps, remote_cancels, remote_relays, exit_lingers, pins, rescues;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

@@ -795,6 +795,7 @@ void tc_get_stats(struct tc_stats *o)
     o->pending_calls = atomic_load(&g_st.pending_calls);
     o->pending_raises = atomic_load(&g_st.pending_raises);
     o->pending_handovers = atomic_load(&g_st.pending_handovers);
+    o->watch_sleeps = atomic_load(&g_st.watch_sleeps);
     o->remote_cancels = atomic_load(&g_st.remote_cancels);
     o->remote_relays = atomic_load(&g_st.remote_relays);
     o->exit_lingers = atomic_load(&g_st.exit_lingers);

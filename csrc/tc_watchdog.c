@@ -649,8 +649,10 @@ static void wd_prepare(tc_slot *s, int64_t deadline)
 static int pc_prepare(void *arg)
 {
     tc_slot *s = (tc_slot *)arg;
-    if (s == t_slot && atomic_load(&s->state) == SLOT_ARMED)
+    if (s == t_slot && atomic_load(&s->state) == SLOT_ARMED) {
+        slot_note_cpu(s); /* wd_watch's spin, 0.35 ms from now */
         wd_prepare(s, atomic_load(&s->deadline));
+    }
     return 0;
 }
 
@@ -717,9 +719,25 @@ static int wd_watch(wd_event ev)
             (void)tc_add_pending(pc_prepare, s); /* full: the exit builds it */
         }
         if (ev.deadline - now > TC_WATCH_SPIN_NS) {
-            int64_t at = now + TC_WATCH_POLL_NS;
+            /* Half the time left, at least TC_WATCH_POLL_NS: a thread
+             * that lets the GIL go is still seen well ahead of its
+             * deadline, with a handful of wake-ups rather than one per
+             * poll (each may preempt the very thread it watches). */
             int64_t spin_at = ev.deadline - TC_WATCH_SPIN_NS;
+            int64_t prep_at = ev.deadline - TC_WATCH_PREPARE_NS;
+            int64_t half = (spin_at - now) / 2;
+            int64_t at = now + (half > TC_WATCH_POLL_NS ? half : TC_WATCH_POLL_NS);
+            if (s->prepare_gen != ev.gen && prep_at > now && prep_at < at)
+                at = prep_at;
             return watch_again(s, ev.gen, at < spin_at ? at : spin_at);
+        }
+        /* Spin to the deadline, unless this is the CPU the thread runs on:
+         * there the spin would keep it off the CPU -- sleep instead. */
+        if (sched_getcpu() == atomic_load_explicit(&s->cpu, memory_order_relaxed) &&
+            s->sleep_gen != ev.gen) {
+            s->sleep_gen = ev.gen;
+            STAT_INC(watch_sleeps);
+            return watch_again(s, ev.gen, ev.deadline);
         }
         while (now_ns() < ev.deadline && atomic_load(&s->gen) == ev.gen)
             cpu_relax();

@@ -144,6 +144,9 @@ struct tc_stats {
     uint64_t pending_raises;   /* ... deadlines such a call raised        */
     uint64_t pending_handovers; /* ... handed to the hook at once: the loop's
                                   back-edge could not take the raise     */
+    uint64_t watch_sleeps;     /* ... deadlines the watchdog slept up to
+                                  instead of spinning: it was on the
+                                  thread's CPU                            */
     uint64_t remote_cancels;   /* cancels read off the registry's control
                                   channel without the GIL (tc_remote.c)   */
     uint64_t remote_relays;    /* ... of them fired by the GIL's holder at

@@ -305,6 +305,49 @@ def test_a_thread_holding_the_gil_at_its_deadline_fires_it_itself() -> None:
     assert after["hooked_now"] == 0
 
 
+@pytest.mark.skipif(not SELF_FIRE, reason="3.12+ with a GIL (the self-fire's watch)")
+def test_the_watchdog_never_spins_on_the_watched_threads_cpu() -> None:
+    """Before a deadline of a thread that holds the GIL, the watchdog spins its last
+    0.1 ms to queue the self-fire on time -- on another CPU. On the thread's own CPU the
+    spin would keep the thread off it (in a busy pool it preempted the GIL's holder),
+    so there it sleeps to the deadline instead (watch_sleeps), and the deadline still
+    lands. Both pinned to one CPU here."""
+    from timeoutcore import _native
+
+    with timeoutcore.thread_deadline(10):
+        pass  # the watchdog runs
+    give_up = time.monotonic() + 5
+    while (wd := _native.watchdog_native_id()) == 0 and time.monotonic() < give_up:
+        time.sleep(0.001)
+    assert wd != 0
+    cpu = min(os.sched_getaffinity(0))
+    wd_cpus = os.sched_getaffinity(wd)
+
+    def pinned() -> list[float]:
+        os.sched_setaffinity(0, {cpu})
+        lates = []
+        for _ in range(10):
+            scope = timeoutcore.thread_deadline(0.02)
+            with pytest.raises(DeadlineExceeded):
+                with scope:
+                    _spin_for(5)
+            assert scope.overshoot is not None
+            lates.append(scope.overshoot)
+        return lates
+
+    before = _stats()
+    os.sched_setaffinity(wd, {cpu})
+    try:
+        from conftest import in_thread
+
+        lates = in_thread(pinned)
+    finally:
+        os.sched_setaffinity(wd, wd_cpus)
+    after = _stats()
+    assert max(lates) < LATE, lates
+    assert after["watch_sleeps"] > before["watch_sleeps"], (before, after)
+
+
 class _Exits:
     """A context manager that counts its exits."""
 
