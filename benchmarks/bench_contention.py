@@ -11,10 +11,10 @@ what the fast window (csrc/tc_watchdog.c) costs the pool.
   GIL at the fast window's 200 us switch interval). No deadline can land sooner.
 - ``test_cpu_pool_under_deadlines``: loop turns per second of 4 CPU-bound workers without
   deadlines, with every task under one (every 4th firing half-way), and doing that same
-  work without deadlines (every 4th task stops itself half-way); runs rotated.
-  ``extra_info['x_no_deadline']`` is the ratio of the medians against whole tasks,
-  ``x_same_work`` against the same work: the deadlines' own cost, apart from what shorter
-  tasks cost a pool that shares one GIL.
+  work without deadlines (every 4th task stops itself half-way), in one pool, 40 tasks of
+  each in turn. ``extra_info['x_no_deadline']`` is the ratio of the rates against whole
+  tasks, ``x_same_work`` against the same work: the deadlines' own cost, apart from what
+  shorter tasks cost a pool that shares one GIL (with its quartiles over the rounds).
 """
 
 from __future__ import annotations

@@ -927,7 +927,7 @@ def _pool_rate(m: Method, tasks: int) -> float:
 
 CPU_TASK_S = 0.002  # the CPU pool's task: a CPU loop this long ...
 CPU_FIRE_EVERY = 4  # ... and every this many tasks runs under a deadline half as long
-CPU_POOL_TASKS = 400  # per run
+CPU_POOL_TASKS = 400  # a mode's tasks per throughput_reps
 
 
 def _spin_counting(seconds: float, cell: list[int]) -> None:
@@ -945,65 +945,77 @@ POOL_SAME_WORK = "same work"  # no deadline; every CPU_FIRE_EVERY-th task stops 
 POOL_DEADLINES = "deadlines"  # every task under a deadline; every CPU_FIRE_EVERY-th one fires
 
 
-def _cpu_pool_rate(mode: str, tasks: int) -> float:
-    """Loop turns per second of a pool of POOL_WORKERS running ``tasks`` CPU-bound tasks of
-    CPU_TASK_S each, in one of the modes above: POOL_DEADLINES puts every task under a
-    deadline, and every CPU_FIRE_EVERY-th one's fires half-way (the task stops there; the
-    rate counts the turns it did); POOL_SAME_WORK stops those same tasks half-way without
-    any deadline, so that it does the same work in the same task lengths."""
+def _cpu_pool_task(mode: str, k: int) -> int:
+    """Task ``k`` of the CPU pool in one of the modes above: its loop turns. POOL_DEADLINES
+    puts it under a deadline, and every CPU_FIRE_EVERY-th one's fires half-way (the task
+    stops there; the turns it did count); POOL_SAME_WORK stops those same tasks half-way
+    without any deadline, so that it does the same work in the same task lengths."""
+    cell = [0]
+    short = k % CPU_FIRE_EVERY == 0
+    if mode == POOL_PLAIN:
+        _spin_counting(CPU_TASK_S, cell)
+    elif mode == POOL_SAME_WORK:
+        _spin_counting(CPU_TASK_S / 2 if short else CPU_TASK_S, cell)
+    else:
+        try:
+            with thread_deadline(CPU_TASK_S / 2 if short else NEVER):
+                _spin_counting(CPU_TASK_S, cell)
+        except DeadlineExceeded:
+            pass
+    return cell[0]
 
-    def task(k: int) -> int:
-        cell = [0]
-        short = k % CPU_FIRE_EVERY == 0
-        if mode == POOL_PLAIN:
-            _spin_counting(CPU_TASK_S, cell)
-        elif mode == POOL_SAME_WORK:
-            _spin_counting(CPU_TASK_S / 2 if short else CPU_TASK_S, cell)
-        else:
-            try:
-                with thread_deadline(CPU_TASK_S / 2 if short else NEVER):
-                    _spin_counting(CPU_TASK_S, cell)
-            except DeadlineExceeded:
-                pass
-        return cell[0]
 
-    with ThreadPoolExecutor(max_workers=POOL_WORKERS, thread_name_prefix="bench") as pool:
-        for f in [pool.submit(task, 1) for _ in range(POOL_WORKERS)]:  # warm-up
-            f.result()
-        t0 = _perf()
-        turns = sum(f.result() for f in [pool.submit(task, k) for k in range(tasks)])
-        return turns / (_perf() - t0)
+CPU_POOL_BATCH = 40  # tasks a mode runs in turn with the others (~70 ms)
 
 
 def run_cpu_pool(plan: Plan, progress: Optional[Progress] = None) -> dict[str, Any]:
     """The pool-throughput case under frequent deadlines: CPU work per second of 4
     CPU-bound workers without deadlines, with every 4th task's deadline firing, and doing
-    that same work without deadlines (those tasks stop themselves half-way); runs rotated,
-    medians compared. ``x_no_deadline`` compares with whole tasks; ``x_same_work`` with the
-    same work, which tells the deadlines' own cost apart from that of shorter tasks (more
-    task hand-offs a second in a pool that shares one GIL)."""
+    that same work without deadlines (those tasks stop themselves half-way). One pool runs
+    the modes in turn, CPU_POOL_BATCH tasks at a time (each mode first, second and third
+    in turn), ``throughput_reps`` x CPU_POOL_TASKS tasks a mode in all; a mode's rate is
+    its turns over its time. (Whole runs of CPU_POOL_TASKS a mode, alternated, measured the
+    host's drift: this machine's interpreter speed swings +-10 % from one second to the
+    next, and two runs without deadlines ranged 0.86-1.03x of each other.) ``x_no_deadline``
+    compares with whole tasks; ``x_same_work`` with the same work, which tells the
+    deadlines' own cost apart from that of shorter tasks (more task hand-offs a second in a
+    pool that shares one GIL); ``x_same_work_q1``/``_q3``: the quartiles of that ratio
+    over the rounds."""
     modes = (POOL_PLAIN, POOL_DEADLINES, POOL_SAME_WORK)
-    rates: dict[str, list[float]] = {m: [] for m in modes}
-    for rep in range(plan.throughput_reps):
-        if progress:
-            progress(f"CPU pool under deadlines: run {rep + 1} of {plan.throughput_reps}")
-        for m in modes[rep % 3:] + modes[:rep % 3]:  # each mode first, second, third in turn
-            rates[m].append(_cpu_pool_rate(m, CPU_POOL_TASKS))
-    base, same, with_deadlines = (statistics.median(rates[m]) for m in
+    turns = dict.fromkeys(modes, 0)
+    secs = dict.fromkeys(modes, 0.0)
+    per_round: dict[str, list[float]] = {m: [] for m in modes}
+    rounds = max(1, plan.throughput_reps * CPU_POOL_TASKS // CPU_POOL_BATCH)
+    with ThreadPoolExecutor(max_workers=POOL_WORKERS, thread_name_prefix="bench") as pool:
+        for f in [pool.submit(_cpu_pool_task, POOL_PLAIN, 1) for _ in range(POOL_WORKERS)]:
+            f.result()  # warm-up
+        for r in range(rounds):
+            if progress and r % 10 == 0:
+                progress(f"CPU pool under deadlines: round {r + 1} of {rounds}")
+            for m in modes[r % 3:] + modes[:r % 3]:
+                t0 = _perf()
+                n = sum(f.result() for f in [pool.submit(_cpu_pool_task, m, k)
+                                             for k in range(CPU_POOL_BATCH)])
+                dt = _perf() - t0
+                turns[m] += n
+                secs[m] += dt
+                per_round[m].append(n / dt)
+    base, same, with_deadlines = (turns[m] / secs[m] for m in
                                   (POOL_PLAIN, POOL_SAME_WORK, POOL_DEADLINES))
+    ratios = sorted(d / w for d, w in zip(per_round[POOL_DEADLINES], per_round[POOL_SAME_WORK]))
     return {
         "workers": POOL_WORKERS,
         "task_s": CPU_TASK_S,
         "fire_every": CPU_FIRE_EVERY,
-        "tasks_per_run": CPU_POOL_TASKS,
+        "tasks_per_round": CPU_POOL_BATCH,
+        "rounds": rounds,
         "plain_turns_per_s": round(base),
         "same_work_turns_per_s": round(same),
         "deadlines_turns_per_s": round(with_deadlines),
         "x_no_deadline": round(with_deadlines / base, 3),
         "x_same_work": round(with_deadlines / same, 3),
-        "runs_plain": [round(x) for x in rates[POOL_PLAIN]],
-        "runs_same_work": [round(x) for x in rates[POOL_SAME_WORK]],
-        "runs_deadlines": [round(x) for x in rates[POOL_DEADLINES]],
+        "x_same_work_q1": round(ratios[len(ratios) // 4], 3),
+        "x_same_work_q3": round(ratios[len(ratios) * 3 // 4], 3),
     }
 
 
