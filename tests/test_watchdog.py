@@ -305,6 +305,19 @@ def test_a_thread_holding_the_gil_at_its_deadline_fires_it_itself() -> None:
     assert after["hooked_now"] == 0
 
 
+def _running_watchdog() -> int:
+    """Start the watchdog (a block with a deadline) and return its kernel thread id."""
+    from timeoutcore import _native
+
+    with timeoutcore.thread_deadline(10):
+        pass
+    give_up = time.monotonic() + 5
+    while (wd := _native.watchdog_native_id()) == 0 and time.monotonic() < give_up:
+        time.sleep(0.001)
+    assert wd != 0
+    return wd
+
+
 @pytest.mark.skipif(not SELF_FIRE, reason="3.12+ with a GIL (the self-fire's watch)")
 def test_the_watchdog_never_spins_on_the_watched_threads_cpu() -> None:
     """Before a deadline of a thread that holds the GIL, the watchdog spins its last
@@ -312,14 +325,7 @@ def test_the_watchdog_never_spins_on_the_watched_threads_cpu() -> None:
     spin would keep the thread off it (in a busy pool it preempted the GIL's holder),
     so there it sleeps to the deadline instead (watch_sleeps), and the deadline still
     lands. Both pinned to one CPU here."""
-    from timeoutcore import _native
-
-    with timeoutcore.thread_deadline(10):
-        pass  # the watchdog runs
-    give_up = time.monotonic() + 5
-    while (wd := _native.watchdog_native_id()) == 0 and time.monotonic() < give_up:
-        time.sleep(0.001)
-    assert wd != 0
+    wd = _running_watchdog()
     cpu = min(os.sched_getaffinity(0))
     wd_cpus = os.sched_getaffinity(wd)
 
@@ -723,12 +729,7 @@ def test_a_watchdog_starved_of_its_cpu_is_moved_to_the_guarded_threads() -> None
     if len(cpus) < 2:
         pytest.skip("needs two CPUs")
     here, there = cpus[0], cpus[1]
-    with timeoutcore.thread_deadline(10):
-        pass  # the watchdog runs
-    give_up = time.monotonic() + 5
-    while (wd := _native.watchdog_native_id()) == 0 and time.monotonic() < give_up:
-        time.sleep(0.001)
-    assert wd != 0
+    wd = _running_watchdog()
     wd_cpus = os.sched_getaffinity(wd)
     hog = subprocess.Popen([sys.executable, "-c", _RT_HOG, str(there)], stdout=subprocess.PIPE,
                            text=True)
