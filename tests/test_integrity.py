@@ -97,10 +97,21 @@ def _run_past_deadline(step: Callable[[], None], lock: Any) -> Any:
 
 
 def _free(lock: Any) -> bool:
-    if lock.acquire(blocking=False):
-        lock.release()
-        return True
-    return False
+    """True if nobody holds ``lock`` -- probed from another thread: the interrupted thread
+    itself would re-enter an RLock it leaked (logging's, a Condition's) and see it free."""
+    seen: list[bool] = []
+
+    def probe() -> None:
+        if lock.acquire(blocking=False):
+            lock.release()
+            seen.append(True)
+        else:
+            seen.append(False)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join(5)
+    return seen == [True]
 
 
 def test_interrupt_deferred_past_handler_acquire() -> None:
