@@ -1079,6 +1079,15 @@ static void pc_fire_for(tc_slot *s)
         STAT_INC(remote_relays);
 }
 
+/* The self-fire gives up on this deadline: fired for the hook, which raises
+ * at the next line boundary (or the loop's head).  Returns 0 for pc_fire. */
+static int pc_to_hook(tc_slot *s, int64_t now)
+{
+    s->pc_frame = NULL;
+    (void)slot_fire(s, now, 0);
+    return 0;
+}
+
 static int pc_fire_here(tc_slot *s, int *again)
 {
     PyFrameObject *cur;
@@ -1116,10 +1125,8 @@ static int pc_fire_here(tc_slot *s, int *again)
              * waiting for them, a loop inline in a `with` block on 3.13
              * was fired 0.1-0.5 ms late (its back-edge and its calls'
              * checks took turns, each resetting the wait). */
-            s->pc_frame = NULL;
-            (void)slot_fire(s, now, 0);
             STAT_INC(pending_handovers);
-            return 0;
+            return pc_to_hook(s, now);
         }
         else if (back > 0 && !interrupt_in_flight(PyThreadState_Get())) {
             usable = 1;
@@ -1137,11 +1144,8 @@ static int pc_fire_here(tc_slot *s, int *again)
                 }
             }
         }
-        if (!usable && ++s->pc_declines > TC_PC_MAX_DECLINES) {
-            s->pc_frame = NULL;
-            (void)slot_fire(s, now, 0); /* for the hook */
-            return 0;
-        }
+        if (!usable && ++s->pc_declines > TC_PC_MAX_DECLINES)
+            return pc_to_hook(s, now);
         s->pc_frame = (const void *)cur;
         s->pc_lasti = PyFrame_GetLasti(cur);
         s->pc_waiting = usable;
@@ -1152,9 +1156,7 @@ static int pc_fire_here(tc_slot *s, int *again)
          * whose only breaker check is no usable back-edge (`while <cond>:`
          * on 3.13, cpython#130279) would never see the raise.  The hook
          * takes over (it raises at the loop's next line). */
-        s->pc_frame = NULL;
-        (void)slot_fire(s, now_ns(), 0);
-        return 0;
+        return pc_to_hook(s, now_ns());
     }
     *again = 1;
     return 0;

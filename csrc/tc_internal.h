@@ -288,7 +288,7 @@ typedef struct tc_slot {
     _Atomic int cpu;               /* the CPU the owner last noted running
                                       on, -1 if none yet: free-threaded, its
                                       pre-armed hook's (wd_place); with a
-                                      GIL, 3.12+, at entry and at the
+                                      GIL, 3.12+, at the self-fire's
                                       prepare (wd_watch's spin)            */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
     /* The self-fire (tc_watchdog.c: wd_watch, tc_deliver.c: pc_fire). */
@@ -300,7 +300,6 @@ typedef struct tc_slot {
                                       the watchdog only, valid for ...     */
     _Atomic uint64_t watch_gen;    /* ... this gen                         */
     uint64_t prepare_gen;          /* watchdog: gen it asked to prepare for */
-    uint64_t sleep_gen;            /* watchdog: gen it slept, not spun, for */
     uint64_t kick_gen;             /* watchdog: gen it kicked while watched */
     /* Remote cancels (tc_remote.c): set without the GIL by the control
      * channel's reader (remote_mark), taken with it at fire time. */

@@ -299,10 +299,6 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
             atomic_store(&s->state,
                          atomic_load(&s->deadline) == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
         atomic_fetch_add(&s->gen, 1);
-#if TC_SELF_FIRE
-        if (sc->deadline != TC_NEVER)
-            slot_note_cpu(s); /* tc_watchdog.c: wd_watch's spin */
-#endif
         wd_notify(s, sc->deadline, now);
     }
     Py_INCREF(self);

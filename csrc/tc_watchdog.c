@@ -650,7 +650,7 @@ static int pc_prepare(void *arg)
 {
     tc_slot *s = (tc_slot *)arg;
     if (s == t_slot && atomic_load(&s->state) == SLOT_ARMED) {
-        slot_note_cpu(s); /* wd_watch's spin, 0.35 ms from now */
+        slot_note_cpu(s); /* for wd_watch's spin, which it precedes (prep_at) */
         wd_prepare(s, atomic_load(&s->deadline));
     }
     return 0;
@@ -733,10 +733,8 @@ static int wd_watch(wd_event ev)
         }
         /* Spin to the deadline, unless this is the CPU the thread runs on:
          * there the spin would keep it off the CPU -- sleep instead. */
-        if (sched_getcpu() == atomic_load_explicit(&s->cpu, memory_order_relaxed) &&
-            s->sleep_gen != ev.gen) {
-            s->sleep_gen = ev.gen;
-            STAT_INC(watch_sleeps);
+        if (sched_getcpu() == atomic_load_explicit(&s->cpu, memory_order_relaxed)) {
+            STAT_INC(watch_sleeps); /* next look: at the deadline, past this block */
             return watch_again(s, ev.gen, ev.deadline);
         }
         while (now_ns() < ev.deadline && atomic_load(&s->gen) == ev.gen)
