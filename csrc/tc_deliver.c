@@ -276,6 +276,24 @@ static void prearm_fire(tc_slot *s)
 }
 
 #if TC_HOOK_TRACE
+static int hook_alarm(tc_slot *s, int64_t deadline);
+#endif
+
+/* The slot's effective deadline changed to `d` (tc_slot.c: slot_publish; a
+ * reschedule, a cancel, a scope's entry or exit): a sleeping tracer's alarm
+ * follows it (a cancel: at once).  Returns 1 if the timer is the alarm's. */
+static int hook_alarm_follows(tc_slot *s, int64_t d)
+{
+#if TC_HOOK_TRACE
+    return atomic_load(&s->dormant) && d != TC_NEVER && hook_alarm(s, d) == 0;
+#else
+    (void)s;
+    (void)d;
+    return 0;
+#endif
+}
+
+#if TC_HOOK_TRACE
 /* 3.11's stale async-exception flag.  3.11 keeps one interpreter-wide
  * "an async exception is pending" bit (ceval.pending.async_exc, part of the
  * eval breaker) that only a thread *consuming* its async exception clears;
@@ -364,10 +382,134 @@ static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg
     return 0;
 }
 
+/* -- The sleeping tracer (3.11) -----------------------------------------------
+ * Why: with a tracer set, 3.11's eval loop sends every instruction of the
+ * thread down its tracing path, not only the line events: a CPU loop runs
+ * at a quarter of its speed with ours armed (3.11.7, 2000 alternated blocks
+ * of 0.5 ms).  A pre-armed thread had it on from the pre-arm -- a lead
+ * ahead of the deadline, or the block's entry when the deadline is nearer
+ * (tc_watchdog.c: slot_self_prearm) -- to the deadline: in a pool of 4
+ * workers with a 1 ms deadline on every 4th 2 ms task, most of what the
+ * deadlines cost the pool (0.83x its throughput without).  So a pre-arm
+ * puts the tracer in place asleep (hook_sleep): c_tracefunc is ours, but
+ * the thread's cframe->use_tracing -- the byte 3.11 ORs into every opcode --
+ * is 0, and the thread's own kernel timer is set for the deadline.  Its
+ * signal handler, in the thread, sets the byte (hook_wake_here): the thread
+ * traces from its next instruction and fires at its next line; if it does
+ * not hold the GIL then, the handler wakes the watchdog, which opens the
+ * fast window for it (wd_plan).  The timer is then set again for the
+ * watchdog's backstop (tc_internal.h: TC_BACKSTOP_NS).  A delivery for the
+ * slot (hook_arm while hooked) or its disarm wakes the tracer with the GIL
+ * (hook_wake).  Without a kernel timer the tracer stays awake.
+ *
+ * Races.  use_tracing belongs to the thread's innermost eval loop (on its
+ * C stack, tstate->cframe), written by CPython with the GIL: by the thread
+ * when it enters or leaves an eval loop (copied from, then back to, the
+ * enclosing one) and by _PyEval_SetTrace, which another thread may call for
+ * it while it waits for the GIL (ours: wd_prearm, deliver_async).  The
+ * handler runs in the thread itself, so against the thread's own code it
+ * can only interrupt it: (a) between a new eval loop's copy of the byte and
+ * its publishing of its cframe, or between an exit's restoring the old
+ * cframe and copying the byte back, a wake-up can be lost -- the fire at the
+ * grace's end (the watchdog's, with the GIL) wakes the tracer again; (b)
+ * inside _PyEval_SetTrace, which sets the byte last, from the tracer it
+ * installs: CPython's own answer wins.  Against another thread: the handler
+ * writes only while `dormant` is set, inside `waking`; whoever else touches
+ * the thread's tracer (hook_wake, hook_disarm) first clears `dormant`, then
+ * waits for `waking` to drop (sequentially consistent atomics: one of the
+ * two sees the other), so its write comes after the handler's.  Anything
+ * that recomputes the byte early (sys.setprofile, PyThreadState_LeaveTracing
+ * in some extension) only makes the thread trace early: the hook checks the
+ * deadline at each line and does nothing before it.  The thread state the
+ * handler writes to is the one hook_sleep was given, alive while the slot
+ * is dormant: only a block running in that thread is pre-armed, and its
+ * exit disarms. */
+
+/* GIL, the slot's thread paused or the caller: the tracer is no longer
+ * asleep; with `on`, it traces from the thread's next instruction -- set
+ * even if the handler has woken it already, since that wake-up may have
+ * been lost (above, (a)). */
+static void hook_wake(tc_slot *s, PyThreadState *t, int on)
+{
+    if (atomic_exchange(&s->dormant, 0))
+        while (atomic_load(&s->waking)) /* the thread's handler is writing */
+            sched_yield();
+    if (on && t != NULL && t->c_tracefunc == trace_cb)
+        t->cframe->use_tracing = 255;
+}
+
+/* Set the slot's timer for its sleeping tracer's deadline (any thread).  The
+ * alarm holds the timer for the slot's current gen: the watchdog's backstop
+ * does not set it again (tc_os.c: timer_backstop); the handler does, after
+ * the alarm.  Returns 0, or -1 (EINVAL only: a timer gone with its thread). */
+static int hook_alarm(tc_slot *s, int64_t deadline)
+{
+    struct itimerspec its;
+    memset(&its, 0, sizeof its);
+    its.it_value = to_ts(deadline);
+    atomic_store(&s->backstop_gen, atomic_load(&s->gen));
+    if (syscall(SYS_timer_settime, s->timer_id, TIMER_ABSTIME, &its, NULL) != 0) {
+        atomic_store(&s->backstop_gen, 0);
+        return -1;
+    }
+    return 0;
+}
+
+/* GIL, the slot's thread paused or the caller, right after the pre-arm's
+ * hook_arm: put the tracer to sleep until `deadline`. */
+static void hook_sleep(tc_slot *s, PyThreadState *t, int64_t deadline)
+{
+    if (!s->hooked || !s->timer_ok || t == NULL || t->c_tracefunc != trace_cb ||
+        s->prev_trace != NULL || t->c_profilefunc != NULL || t->tracing || deadline <= now_ns())
+        return; /* someone else's tracer or profiler: it traces anyway */
+    s->sleep_ts = t;
+    t->cframe->use_tracing = 0;
+    atomic_store(&s->dormant, 1); /* before the alarm: it may go off at once */
+    if (hook_alarm(s, deadline) != 0) {
+        hook_wake(s, t, 1); /* no alarm: it stays awake */
+        return;
+    }
+    STAT_INC(tracer_sleeps);
+}
+
+/* The slot's thread, in its signal handler (tc_os.c: tc_handler), for any
+ * of the slot's timer signals: if its tracer sleeps and the deadline has
+ * come, wake it, set the timer for the backstop, and wake the watchdog if
+ * the thread must first get the GIL back.  Returns 1 if it woke the
+ * tracer.  Async-signal-safe: atomics, a clock read, system calls. */
+static int hook_wake_here(tc_slot *s)
+{
+    int woke = 0;
+    int64_t d;
+    atomic_store(&s->waking, 1);
+    if (atomic_load(&s->dormant) && (d = atomic_load(&s->deadline)) <= now_ns()) {
+        PyThreadState *t = s->sleep_ts;
+        const void *holder = NULL;
+        if (t->c_tracefunc == trace_cb)
+            __atomic_store_n(&t->cframe->use_tracing, (uint8_t)255, __ATOMIC_RELAXED);
+        atomic_store(&s->dormant, 0);
+        woke = 1;
+        STAT_INC(tracer_alarms);
+        if (atomic_load(&s->backstop_gen) == atomic_load(&s->gen)) {
+            struct itimerspec its;
+            memset(&its, 0, sizeof its);
+            its.it_value = to_ts(d + TC_BACKSTOP_NS);
+            if (syscall(SYS_timer_settime, s->timer_id, TIMER_ABSTIME, &its, NULL) != 0)
+                atomic_store(&s->backstop_gen, 0);
+        }
+        if (!(tc_gil_holder(&holder) == 1 && holder == (const void *)t))
+            wd_wake();
+    }
+    atomic_store(&s->waking, 0);
+    return woke;
+}
+
 static int hook_arm(tc_slot *s, PyThreadState *t)
 {
-    if (s->hooked)
+    if (s->hooked) {
+        hook_wake(s, t, 1); /* a delivery: a sleeping tracer must trace */
         return 0;
+    }
     if (t->c_tracefunc == trace_cb)
         return -1; /* inconsistent: never chain to ourselves */
     s->prev_trace = t->c_tracefunc;
@@ -389,6 +531,7 @@ static void hook_disarm(tc_slot *s, PyThreadState *t)
 {
     if (!s->hooked)
         return;
+    hook_wake(s, t, 0); /* the handler leaves it alone from here */
     s->hooked = 0;
     op_frame_clear(s);
     /* If the thread replaced our tracer meanwhile (sys.settrace), theirs
@@ -409,6 +552,7 @@ static void hook_nudge(tc_slot *s, PyThreadState *t)
 {
     PyFrameObject *f;
     hook_drain_request(); /* still pending: a stale flag may be what holds it */
+    hook_wake(s, t, 1);   /* a sleeping tracer's lost wake-up (above) */
     if (t->c_tracefunc != trace_cb) {
         s->hooked = 0;
         op_frame_clear(s);

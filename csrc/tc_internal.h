@@ -322,6 +322,10 @@ typedef struct tc_slot {
     PyObject *prev_traceobj;       /* (strong)                            */
     PyObject *op_frame;            /* frame whose opcode events the
                                       backstop turned on (strong), or NULL */
+    /* The sleeping tracer (tc_deliver.c: hook_sleep). */
+    _Atomic int dormant;           /* in place, off until the deadline     */
+    _Atomic int waking;            /* the thread's handler is turning it on */
+    PyThreadState *sleep_ts;       /* whose (the slot's thread's own)      */
 #endif
 #if TC_JUMP_DEFER_BUILD
     PyObject *insn_code;           /* code object whose INSTRUCTION events
@@ -396,7 +400,8 @@ static struct {
         watchdog_wakeups, gil_takes, requeues, stale_scopes, hook_raises, hook_defers,
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
-        pending_handovers, watch_sleeps, remote_cancels, remote_relays, exit_lingers, pins, rescues;
+        pending_handovers, watch_sleeps, remote_cancels, remote_relays, exit_lingers, pins, rescues,
+        tracer_sleeps, tracer_alarms;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)
@@ -410,6 +415,9 @@ static void slot_wake_and_kick(struct tc_slot *s);
 static void wd_wake(void);
 static void wd_notify(struct tc_slot *s, int64_t deadline, int64_t now);
 static void wd_rescue(struct tc_slot *s);
+#if TC_HOOK_TRACE
+static int hook_wake_here(struct tc_slot *s);
+#endif
 static int wd_ensure(int wait);
 static int wd_running(void);
 

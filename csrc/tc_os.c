@@ -272,8 +272,9 @@ static void os_rescue_undo(void)
 /* Its first purpose is to exist: installed without SA_RESTART, it makes the
  * guarded thread's blocking system call fail with EINTR.  Its second: a
  * signal from the thread's own timer (si_value: its slot) may be the
- * watchdog's backstop (wd_rescue: a few atomics and system calls).
- * Decisions are taken from the slot's state, never from the signal, so a
+ * watchdog's backstop (wd_rescue: a few atomics and system calls), or, on
+ * 3.11, the alarm that wakes the thread's sleeping tracer at its deadline
+ * (tc_deliver.c: hook_wake_here, the same kind of work).  Decisions are taken from the slot's state, never from the signal, so a
  * stale or late signal is harmless. */
 static void tc_handler(int signo, siginfo_t *si, void *uc)
 {
@@ -281,8 +282,15 @@ static void tc_handler(int signo, siginfo_t *si, void *uc)
     (void)signo;
     (void)uc;
     STAT_INC(signals_seen);
-    if (si != NULL && si->si_code == SI_TIMER && si->si_value.sival_ptr != NULL)
-        wd_rescue((tc_slot *)si->si_value.sival_ptr);
+    if (si != NULL && si->si_code == SI_TIMER && si->si_value.sival_ptr != NULL) {
+        tc_slot *s = (tc_slot *)si->si_value.sival_ptr;
+#if TC_HOOK_TRACE
+        if (hook_wake_here(s)) /* the sleeping tracer's alarm (tc_deliver.c) */
+            s = NULL;
+#endif
+        if (s != NULL)
+            wd_rescue(s);
+    }
     errno = saved;
 }
 

@@ -160,6 +160,10 @@ struct tc_stats {
     uint64_t rescues;          /* the watchdog moved to a guarded thread's
                                   CPU by its backstop timer: it had not
                                   run since the deadline (tc_watchdog.c) */
+    uint64_t tracer_sleeps;    /* 3.11: pre-armed tracers put to sleep
+                                  until their deadline (tc_deliver.c)    */
+    uint64_t tracer_alarms;    /* ... woken there by the thread's own
+                                  timer signal                           */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

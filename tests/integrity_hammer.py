@@ -314,7 +314,7 @@ def main() -> None:
         stats = _native.stats()
         result["paths"] = {k: stats[k] for k in ("hook_raises", "self_fires", "direct_raises",
                                                  "pending_raises", "pending_handovers",
-                                                 "async_fallbacks",
+                                                 "async_fallbacks", "tracer_alarms",
                                                  "remote_cancels", "remote_relays")}
     print(json.dumps(result))
 

@@ -432,6 +432,111 @@ def _spin_until(t: float) -> None:
         pass
 
 
+#: 3.11's pre-armed tracer sleeps until its deadline, when the thread's own timer signal
+#: wakes it (csrc/tc_deliver.c: the sleeping tracer); a deadline nearer than the lead is
+#: pre-armed by the block's own thread at its entry (tc_watchdog.c: slot_self_prearm).
+TRACER_SLEEPS = sys.version_info < (3, 12)
+#: A deadline well inside the lead (at least 1 ms on 3.11, PREARM_LEAD).
+NEAR = 0.0008
+
+
+def _count(seconds: float, cell: list[int]) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        cell[0] += 1
+
+
+def _spin_one(seconds: float) -> int:
+    return burn(seconds)
+
+
+@pytest.mark.skipif(not TRACER_SLEEPS, reason="3.11's per-thread tracer")
+def test_a_prearmed_tracer_sleeps_until_the_deadline() -> None:
+    """With a tracer set, 3.11 sends every instruction of the thread down its tracing path:
+    a CPU loop runs at about a quarter of its speed. So the tracer a pre-arm puts in place
+    sleeps until the deadline: blocks whose deadline is near enough to be pre-armed at
+    their entry, and which end before it, run their loop as fast as the same loop without
+    a deadline (alternated trials; awake, the ratio was ~0.25), and no alarm goes off."""
+    before = _stats()
+    cells = {"plain": [0], "armed": [0]}
+    secs = {"plain": 0.0, "armed": 0.0}
+    slept = 0
+    for i in range(400):
+        mode = "armed" if i % 2 else "plain"
+        cell = [0]
+        t0 = time.perf_counter()
+        if mode == "plain":
+            _count(0.0003, cell)
+        else:
+            try:
+                with timeoutcore.thread_deadline(NEAR):
+                    _count(0.0003, cell)
+                slept += 1
+            except DeadlineExceeded:  # descheduled past the deadline: not counted
+                continue
+        secs[mode] += time.perf_counter() - t0
+        cells[mode][0] += cell[0]
+    after = _stats()
+    ratio = (cells["armed"][0] / secs["armed"]) / (cells["plain"][0] / secs["plain"])
+    assert slept >= 150
+    assert after["tracer_sleeps"] - before["tracer_sleeps"] >= slept, (before, after)
+    assert ratio > 0.6, ratio
+    assert after["hooked_now"] == 0
+
+
+@pytest.mark.skipif(not TRACER_SLEEPS, reason="3.11's per-thread tracer")
+@pytest.mark.parametrize("shape", ["loop", "called from C"])
+def test_a_sleeping_tracer_is_woken_at_the_deadline(shape: str) -> None:
+    """At the deadline the thread's own timer signal wakes its tracer -- in the innermost
+    eval loop, which may be one that C code called (map() calling a Python function: a
+    loop of its own) -- and the thread fires at its next line: the block stops close to
+    its deadline, the alarms are counted, and no hook stays armed."""
+    before = _stats()
+    for _ in range(10):
+        scope = timeoutcore.thread_deadline(NEAR)
+        with pytest.raises(DeadlineExceeded):
+            with scope:
+                if shape == "loop":
+                    burn(2)
+                else:
+                    sum(map(_spin_one, itertools.repeat(0.001, 2000)))
+        assert scope.overshoot is not None and scope.overshoot < LATE
+    after = _stats()
+    assert after["tracer_alarms"] > before["tracer_alarms"], (before, after)
+    assert after["hooked_now"] == 0
+
+
+@pytest.mark.skipif(not TRACER_SLEEPS, reason="3.11's per-thread tracer")
+def test_a_sleeping_tracers_alarm_follows_a_reschedule_and_a_cancel() -> None:
+    """A block pre-armed at its entry and moved later goes on at full speed past its first
+    deadline and stops at the new one; one cancelled from another thread while its tracer
+    sleeps stops at once (the alarm follows the slot's deadline: tc_slot.c slot_publish)."""
+    scope = timeoutcore.thread_deadline(NEAR)
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceeded):
+        with scope:
+            scope.reschedule(t0 + 0.05)
+            burn(2)
+    assert scope.overshoot is not None and scope.overshoot < LATE
+    assert time.monotonic() - t0 >= 0.05
+
+    scope = timeoutcore.thread_deadline(0.0009)
+    entered = threading.Event()
+    canceller = threading.Thread(target=lambda: (entered.wait(), scope.cancel("stop")))
+    canceller.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(timeoutcore.DeadlineCancelled):
+            with scope:
+                scope.reschedule(t0 + 5.0)  # asleep, far away: only the cancel can stop it
+                entered.set()
+                burn(5)
+    finally:
+        canceller.join()
+    assert time.monotonic() - t0 < LATE
+    assert _stats()["hooked_now"] == 0
+
+
 def test_the_watchdog_prepares_the_exception_and_the_exit_takes_its_figures_again() -> None:
     """Ahead of a deadline the watchdog builds the scope's DeadlineExceeded (built at the
     exit, after a long spin, its code is cold); the exit runs its constructor again, so the
