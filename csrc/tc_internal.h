@@ -246,6 +246,9 @@ typedef struct tc_slot {
                                       exit hooks and builds its exception,
                                       then returns: the window holds for
                                       them until then (0: not)             */
+    _Atomic int64_t linger_until;  /* ... and after it returned, if a
+                                      waiter had asked for the GIL
+                                      (fast_after_claim)                   */
     _Atomic uint64_t gen;          /* bumped on every change of the above  */
     _Atomic int state;             /* SLOT_*                               */
     _Atomic int64_t reinject_at;   /* next re-injection when INJECTED      */
