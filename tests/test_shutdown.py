@@ -15,7 +15,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -484,3 +484,56 @@ def test_executor_shutdown_cancel_after_covers_the_queue_too() -> None:
     pool.shutdown(cancel_after=0.2)
     assert time.monotonic() - start < 5.0
     assert all(isinstance(f.exception(0), DeadlineCancelled) for f in futures)
+
+
+def _signal_self_and_raise_when_safe(body: Callable[[], object]) -> None:
+    """Run ``body`` in the main thread with a SIGUSR1 handler that asks for SystemExit(143)
+    through ``raise_when_safe``: it must come out of ``body``, and leave no tracer."""
+    from timeoutcore._safe_raise import raise_when_safe
+
+    before = sys.gettrace()
+    old = signal.signal(signal.SIGUSR1,
+                        lambda signum, frame: raise_when_safe(frame, SystemExit(143)))
+    try:
+        with pytest.raises(SystemExit) as info:
+            body()
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert info.value.code == 143
+    assert sys.gettrace() is before  # the tracer it used is gone
+
+
+def test_an_exit_from_a_signal_handler_waits_for_protected_code() -> None:
+    """The SIGTERM handler's SystemExit used to surface wherever the main thread was: in
+    Condition.wait between the wait and re-taking its lock, the ``with`` around it then
+    released a lock it did not hold (RuntimeError, 1 run in ~30 of the SIGTERM test on a
+    loaded 3.14t). Raised through raise_when_safe, it waits until the protected call has run
+    to its end, and comes out of that call, as if the call had raised it."""
+    steps: list[str] = []
+
+    @timeoutcore.protected
+    def critical() -> str:
+        steps.append("start")
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # handled in here
+        steps.append("middle")
+        steps.append("end")
+        return "value"
+
+    def body() -> None:
+        steps.append(critical())
+        steps.append("after")  # never: the call raises
+
+    _signal_self_and_raise_when_safe(body)
+    assert steps == ["start", "middle", "end"]
+
+
+def test_an_exit_from_a_signal_handler_outside_protected_code_is_raised_at_once() -> None:
+    steps: list[str] = []
+
+    def body() -> None:
+        steps.append("start")
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+        steps.append("after")  # never: raised at the next bytecode
+
+    _signal_self_and_raise_when_safe(body)
+    assert steps == ["start"]

@@ -24,6 +24,7 @@ from typing import Any, Optional
 
 from . import _validate
 from ._engine import core
+from ._safe_raise import raise_when_safe
 
 __all__ = ["ShutdownHandler", "active_scopes", "cancel_all", "cancel_soon", "handle_sigterm"]
 
@@ -118,7 +119,9 @@ class ShutdownHandler:
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if self._exit_pending:  # the shutdown thread has finished: leave now
             self._exit_pending = False
-            raise SystemExit(self.exit_code)
+            # not inside protected code (a Condition.wait waking up: _safe_raise)
+            raise_when_safe(frame, SystemExit(self.exit_code))
+            return
         if self.requested.is_set():
             self._now.set()  # the signal again: the grace period is over
             return
@@ -142,11 +145,15 @@ class ShutdownHandler:
         while any(s.active for s in self.cancelled) and time.monotonic() < end:
             time.sleep(_POLL)
         _kill_children_of([s for s in self.cancelled if s.active])
-        self.done.set()
         main = threading.main_thread()
         if self.exit_code is not None and main.is_alive() and main.ident is not None:
-            self._exit_pending = True  # a real signal: it ends a wait the main thread is in
+            # A real signal: it ends a wait the main thread is in. Sent before `done` is
+            # set, so that a main thread waiting for `done` meets it in that wait, which
+            # then raises it (_safe_raise); set first, the main thread could run on past
+            # the wait and meet the exit anywhere after it.
+            self._exit_pending = True
             signal.pthread_kill(main.ident, self.signals[0])
+        self.done.set()
 
     def uninstall(self) -> None:
         """Put back the handlers that were there before (main thread only); before a
@@ -171,7 +178,9 @@ def handle_sigterm(grace: float = 5.0, *, signals: tuple[int, ...] = (signal.SIG
        is cancelled (:func:`cancel_all` with ``reason``), and the scope-owned processes of
        those that do not stop within a second are killed and reaped from here;
     3. with ``exit_code`` (default 143), ``SystemExit(exit_code)`` is raised in the main
-       thread; ``None`` leaves the exit to the program.
+       thread -- where it is, or, if that is inside protected code (a wait in
+       ``threading``, say), as soon as it is out of it; ``None`` leaves the exit to the
+       program.
 
     The same signal again skips what is left of the grace period. Call it from the main
     thread (a CPython rule for signal handlers). Returns the :class:`ShutdownHandler`."""
