@@ -275,23 +275,30 @@ static void prearm_fire(tc_slot *s)
     }
 }
 
-#if TC_HOOK_TRACE
-static int hook_alarm(tc_slot *s, int64_t deadline);
-#endif
-
 /* The slot's effective deadline changed to `d` (tc_slot.c: slot_publish; a
  * reschedule, a cancel, a scope's entry or exit): a sleeping tracer's alarm
- * follows it (a cancel: at once).  Returns 1 if the timer is the alarm's. */
+ * (3.11, below) follows it (a cancel: at once).  Returns 1 if the timer is
+ * the alarm's. */
 static int hook_alarm_follows(tc_slot *s, int64_t d)
 {
 #if TC_HOOK_TRACE
-    return atomic_load(&s->dormant) && d != TC_NEVER && hook_alarm(s, d) == 0;
+    return atomic_load(&s->dormant) && d != TC_NEVER &&
+           timer_set_at(s, atomic_load(&s->gen), d) == 0;
 #else
     (void)s;
     (void)d;
     return 0;
 #endif
 }
+
+#if !TC_HOOK_TRACE
+/* The slot's thread, in its signal handler: only 3.11's tracer sleeps. */
+static int hook_wake_here(tc_slot *s)
+{
+    (void)s;
+    return 0;
+}
+#endif
 
 #if TC_HOOK_TRACE
 /* 3.11's stale async-exception flag.  3.11 keeps one interpreter-wide
@@ -438,25 +445,11 @@ static void hook_wake(tc_slot *s, PyThreadState *t, int on)
         t->cframe->use_tracing = 255;
 }
 
-/* Set the slot's timer for its sleeping tracer's deadline (any thread).  The
- * alarm holds the timer for the slot's current gen: the watchdog's backstop
- * does not set it again (tc_os.c: timer_backstop); the handler does, after
- * the alarm.  Returns 0, or -1 (EINVAL only: a timer gone with its thread). */
-static int hook_alarm(tc_slot *s, int64_t deadline)
-{
-    struct itimerspec its;
-    memset(&its, 0, sizeof its);
-    its.it_value = to_ts(deadline);
-    atomic_store(&s->backstop_gen, atomic_load(&s->gen));
-    if (syscall(SYS_timer_settime, s->timer_id, TIMER_ABSTIME, &its, NULL) != 0) {
-        atomic_store(&s->backstop_gen, 0);
-        return -1;
-    }
-    return 0;
-}
-
 /* GIL, the slot's thread paused or the caller, right after the pre-arm's
- * hook_arm: put the tracer to sleep until `deadline`. */
+ * hook_arm: put the tracer to sleep until `deadline`.  The alarm holds the
+ * slot's timer for its current gen (tc_os.c: timer_set_at), so the
+ * watchdog's backstop does not set it again (timer_backstop); the handler
+ * does, after the alarm. */
 static void hook_sleep(tc_slot *s, PyThreadState *t, int64_t deadline)
 {
     if (!s->hooked || !s->timer_ok || t == NULL || t->c_tracefunc != trace_cb ||
@@ -465,7 +458,7 @@ static void hook_sleep(tc_slot *s, PyThreadState *t, int64_t deadline)
     s->sleep_ts = t;
     t->cframe->use_tracing = 0;
     atomic_store(&s->dormant, 1); /* before the alarm: it may go off at once */
-    if (hook_alarm(s, deadline) != 0) {
+    if (timer_set_at(s, atomic_load(&s->gen), deadline) != 0) {
         hook_wake(s, t, 1); /* no alarm: it stays awake */
         return;
     }
@@ -490,13 +483,9 @@ static int hook_wake_here(tc_slot *s)
         atomic_store(&s->dormant, 0);
         woke = 1;
         STAT_INC(tracer_alarms);
-        if (atomic_load(&s->backstop_gen) == atomic_load(&s->gen)) {
-            struct itimerspec its;
-            memset(&its, 0, sizeof its);
-            its.it_value = to_ts(d + TC_BACKSTOP_NS);
-            if (syscall(SYS_timer_settime, s->timer_id, TIMER_ABSTIME, &its, NULL) != 0)
-                atomic_store(&s->backstop_gen, 0);
-        }
+        uint64_t gen = atomic_load(&s->gen);
+        if (atomic_load(&s->backstop_gen) == gen) /* the alarm's: now the backstop's */
+            (void)timer_set_at(s, gen, d + TC_BACKSTOP_NS);
         if (!(tc_gil_holder(&holder) == 1 && holder == (const void *)t))
             wd_wake();
     }

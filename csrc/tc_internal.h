@@ -418,9 +418,7 @@ static void slot_wake_and_kick(struct tc_slot *s);
 static void wd_wake(void);
 static void wd_notify(struct tc_slot *s, int64_t deadline, int64_t now);
 static void wd_rescue(struct tc_slot *s);
-#if TC_HOOK_TRACE
 static int hook_wake_here(struct tc_slot *s);
-#endif
 static int wd_ensure(int wait);
 static int wd_running(void);
 

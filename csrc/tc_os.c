@@ -274,23 +274,18 @@ static void os_rescue_undo(void)
  * signal from the thread's own timer (si_value: its slot) may be the
  * watchdog's backstop (wd_rescue: a few atomics and system calls), or, on
  * 3.11, the alarm that wakes the thread's sleeping tracer at its deadline
- * (tc_deliver.c: hook_wake_here, the same kind of work).  Decisions are taken from the slot's state, never from the signal, so a
- * stale or late signal is harmless. */
+ * (tc_deliver.c: hook_wake_here, the same kind of work).  Decisions are
+ * taken from the slot's state, never from the signal, so a stale or late
+ * signal is harmless. */
 static void tc_handler(int signo, siginfo_t *si, void *uc)
 {
     int saved = errno;
     (void)signo;
     (void)uc;
     STAT_INC(signals_seen);
-    if (si != NULL && si->si_code == SI_TIMER && si->si_value.sival_ptr != NULL) {
-        tc_slot *s = (tc_slot *)si->si_value.sival_ptr;
-#if TC_HOOK_TRACE
-        if (hook_wake_here(s)) /* the sleeping tracer's alarm (tc_deliver.c) */
-            s = NULL;
-#endif
-        if (s != NULL)
-            wd_rescue(s);
-    }
+    if (si != NULL && si->si_code == SI_TIMER && si->si_value.sival_ptr != NULL &&
+        !hook_wake_here((tc_slot *)si->si_value.sival_ptr)) /* not a sleeping tracer's alarm */
+        wd_rescue((tc_slot *)si->si_value.sival_ptr);
     errno = saved;
 }
 
@@ -417,18 +412,31 @@ static void timer_drop(tc_slot *s)
     atomic_store(&s->backstop_gen, 0);
 }
 
+/* Set the slot's timer to expire at `at` (monotonic ns, absolute), for its
+ * generation `gen` (backstop_gen).  Any thread, the slot's own signal
+ * handler included (one system call).  Returns 0, or -1 (only EINVAL: a
+ * timer gone with its thread; backstop_gen is then 0). */
+static int timer_set_at(tc_slot *s, uint64_t gen, int64_t at)
+{
+    struct itimerspec its;
+    memset(&its, 0, sizeof its);
+    its.it_value = to_ts(at);
+    atomic_store(&s->backstop_gen, gen);
+    if (syscall(SYS_timer_settime, s->timer_id, TIMER_ABSTIME, &its, NULL) != 0) {
+        atomic_store(&s->backstop_gen, 0);
+        return -1;
+    }
+    return 0;
+}
+
 /* Arm the slot's timer to expire TC_BACKSTOP_NS past `deadline`, the
  * deadline of its generation `gen`, unless it is armed for that gen already
  * (tc_watchdog.c: wd_rescue).  Any thread; the slot's thread alive. */
 static void timer_backstop(tc_slot *s, uint64_t gen, int64_t deadline)
 {
-    struct itimerspec its;
     if (!s->timer_ok || deadline == TC_NEVER || atomic_exchange(&s->backstop_gen, gen) == gen)
         return;
-    memset(&its, 0, sizeof its);
-    its.it_value = to_ts(deadline + TC_BACKSTOP_NS);
-    if (syscall(SYS_timer_settime, s->timer_id, TIMER_ABSTIME, &its, NULL) != 0)
-        atomic_store(&s->backstop_gen, 0); /* only EINVAL: no backstop, as before */
+    (void)timer_set_at(s, gen, deadline + TC_BACKSTOP_NS); /* failed: no backstop, as before */
 }
 
 /* Take the backstop back, if armed: the slot's deadline changed (its

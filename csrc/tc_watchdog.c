@@ -156,9 +156,8 @@ static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadl
             return w;
         if (remote)
             return d;
-        if (!atomic_load(&s->prearmed))
-            return d - lead - prearm_lead();
-        return d + TC_PREARM_GRACE_NS; /* wd_prearm */
+        return atomic_load(&s->prearmed) ? d + TC_PREARM_GRACE_NS /* wd_prearm */
+                                         : d - lead - prearm_lead();
     }
     if (st == SLOT_INJECTED)
         return atomic_load(&s->reinject_at);
@@ -654,9 +653,9 @@ static int wd_prearm(tc_slot *s, uint64_t gen)
  * hook_sleep), and the watchdog is not needed before the grace's end.
  * Before wd_notify, which then does not wake it.  Already pre-armed (a
  * nested block with an earlier deadline): the alarm moves to the new
- * deadline.  Costs such a block ~1 us
- * (the tracer set and put back, its alarm set and taken back); blocks with
- * a farther deadline are pre-armed by the watchdog as before.  Measured,
+ * deadline.  Costs such a block ~1 us (the tracer set and put back, its
+ * alarm set and taken back); blocks with a farther deadline are pre-armed
+ * by the watchdog as before.  Measured,
  * 4 workers with a 1 ms deadline on every 4th 2 ms task (3.11.7, the
  * sleeping tracer in both): the watchdog's GIL takes 1.1 -> 0.1 a deadline,
  * the window's share of the time 0.63 -> 0.15. */

@@ -446,10 +446,6 @@ def _count(seconds: float, cell: list[int]) -> None:
         cell[0] += 1
 
 
-def _spin_one(seconds: float) -> int:
-    return burn(seconds)
-
-
 @pytest.mark.skipif(not TRACER_SLEEPS, reason="3.11's per-thread tracer")
 def test_a_prearmed_tracer_sleeps_until_the_deadline() -> None:
     """With a tracer set, 3.11 sends every instruction of the thread down its tracing path:
@@ -499,7 +495,7 @@ def test_a_sleeping_tracer_is_woken_at_the_deadline(shape: str) -> None:
                 if shape == "loop":
                     burn(2)
                 else:
-                    sum(map(_spin_one, itertools.repeat(0.001, 2000)))
+                    sum(map(burn, itertools.repeat(0.001, 2000)))
         assert scope.overshoot is not None and scope.overshoot < LATE
     after = _stats()
     assert after["tracer_alarms"] > before["tracer_alarms"], (before, after)

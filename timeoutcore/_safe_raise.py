@@ -19,27 +19,27 @@ interrupted the thread inside ``protect``'s own bookkeeping.
 from __future__ import annotations
 
 import sys
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any, Optional
 
 from . import protect
 
 
-def _frame_protected(frame: FrameType) -> bool:
-    if frame.f_code in protect._codes:  # a snapshot read, no lock (see above)
+_Rules = tuple[tuple[str, ...], tuple[str, ...], frozenset[CodeType]]
+
+
+def _frame_protected(frame: FrameType, rules: Optional[_Rules] = None) -> bool:
+    modules, exempt, codes = rules or protect._snapshot()  # no lock (see above)
+    if frame.f_code in codes:
         return True
     name = frame.f_globals.get("__name__")
-    if not isinstance(name, str):
-        return False
-    modules, exempt = tuple(protect._modules), tuple(protect._exempt)
-    prot = max((len(p) for p in modules if protect._covers(p, name)), default=-1)
-    free = max((len(p) for p in exempt if protect._covers(p, name)), default=-1)
-    return prot >= 0 and free <= prot
+    return isinstance(name, str) and protect._rule(name, modules, exempt)
 
 
 def _stack_protected(frame: Optional[FrameType]) -> bool:
+    rules = protect._snapshot()
     while frame is not None:
-        if _frame_protected(frame):
+        if _frame_protected(frame, rules):
             return True
         frame = frame.f_back
     return False

@@ -141,13 +141,23 @@ def protected_modules() -> tuple[str, ...]:
         return tuple(_modules)
 
 
+def _rule(name: str, modules: tuple[str, ...], exempt: tuple[str, ...]) -> bool:
+    prot = max((len(p) for p in modules if _covers(p, name)), default=-1)
+    free = max((len(p) for p in exempt if _covers(p, name)), default=-1)
+    return prot >= 0 and free <= prot
+
+
+def _snapshot() -> tuple[tuple[str, ...], tuple[str, ...], frozenset[types.CodeType]]:
+    """The protected modules, exemptions and code objects, read without the lock (for a
+    signal handler, which may have interrupted a holder of it; each read is one copy)."""
+    return tuple(_modules), tuple(_exempt), frozenset(_codes)
+
+
 def is_protected_module(name: str) -> bool:
     """Whether code whose ``__name__`` is ``name`` counts as protected: a protected entry
     covers it and no more specific exemption does (the rule the core applies)."""
     with _lock:
-        prot = max((len(p) for p in _modules if _covers(p, name)), default=-1)
-        free = max((len(p) for p in _exempt if _covers(p, name)), default=-1)
-    return prot >= 0 and free <= prot
+        return _rule(name, tuple(_modules), tuple(_exempt))
 
 
 def protected(fn: F) -> F:
