@@ -148,8 +148,10 @@
  * machine class); TC_WATCH_PREPARE_NS before the deadline it asks the thread
  * to build its exception (wd_prepare, in the thread); past the deadline it
  * looks every TC_WATCH_AFTER_NS until the thread has fired -- every
- * TC_WATCH_SLOW_NS after TC_WATCH_MAX_NS -- and gives up (the usual fire,
- * with the GIL) as soon as the thread lets the GIL go.  A thread whose
+ * TC_WATCH_SLOW_NS after TC_WATCH_MAX_NS.  A thread that lets the GIL go
+ * to another is watched on: due, it is looked at every TC_WATCH_AFTER_NS
+ * until it holds the GIL again and fires itself, or for TC_WATCH_BACK_NS at
+ * most (then the usual fire, with the GIL).  A thread whose
  * breaker checks come at no usable back-edge (code without loops) asks to
  * be run again at most TC_PC_MAX_DECLINES times, then arms the hook (inside
  * protected code it waits as long as that runs). */
@@ -158,6 +160,7 @@
 #define TC_WATCH_PREPARE_NS 450000LL
 #define TC_WATCH_AFTER_NS 30000LL
 #define TC_WATCH_MAX_NS 2000000LL
+#define TC_WATCH_BACK_NS 5000000LL
 #define TC_WATCH_SLOW_NS 1000000LL
 #define TC_PC_MAX_DECLINES 64
 /* ... and a call that keeps running at the same unusable place -- a loop
@@ -304,6 +307,9 @@ typedef struct tc_slot {
     _Atomic uint64_t watch_gen;    /* ... this gen                         */
     uint64_t prepare_gen;          /* watchdog: gen it asked to prepare for */
     uint64_t kick_gen;             /* watchdog: gen it kicked while watched */
+    uint64_t back_gen;             /* watchdog: gen it kicked off the GIL, due */
+    uint64_t free_gen;             /* watchdog: gen it saw the GIL free for ... */
+    int64_t free_since;            /* ... first at this time (0 gen: none)  */
     /* Remote cancels (tc_remote.c): set without the GIL by the control
      * channel's reader (remote_mark), taken with it at fire time. */
     _Atomic int remote_req;        /* a scope of this slot was marked      */
@@ -404,7 +410,7 @@ static struct {
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
         pending_handovers, watch_sleeps, remote_cancels, remote_relays, exit_lingers, pins, rescues,
-        tracer_sleeps, tracer_alarms;
+        tracer_sleeps, tracer_alarms, back_waits;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

@@ -164,6 +164,9 @@ struct tc_stats {
                                   until their deadline (tc_deliver.c)    */
     uint64_t tracer_alarms;    /* ... woken there by the thread's own
                                   timer signal                           */
+    uint64_t back_waits;       /* 3.12+: deadlines due while their thread
+                                  was off the GIL, left for it to fire
+                                  itself once back (tc_watchdog.c)       */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

@@ -30,10 +30,8 @@ with_gil = pytest.mark.skipif(FREE_THREADED, reason="no GIL: no switch interval 
 
 #: The watchdog pre-arms the hook ahead of a deadline always with 3.11's per-thread tracer
 #: and free-threaded, and on 3.12+ with a GIL only when the GIL came quickly, as it does in
-#: these tests' otherwise quiet process; a crowded process makes it hold the GIL up to the
-#: deadline there instead (csrc/tc_internal.h: TC_PREARM_ALWAYS, TC_PREARM_QUIET_NS).
-PREARM_IF_QUIET = sys.version_info >= (3, 12) and not FREE_THREADED
-#: ... and how early: the GIL anticipation's lead, or free-threaded at least 10 ms (twice the
+#: these tests' otherwise quiet process (csrc/tc_internal.h: TC_PREARM_ALWAYS,
+#: TC_PREARM_QUIET_NS) -- and how early: the GIL anticipation's lead, or free-threaded at least 10 ms (twice the
 #: recent cost of switching the delivery events on, which stops the world).
 PREARM_LEAD = 0.010 if FREE_THREADED else 200e-6 + 800e-6
 #: 3.12+ with a GIL, a thread that holds the GIL when the watchdog would anticipate its
@@ -741,14 +739,9 @@ def test_wait_readable_says_whether_the_fd_is_ready(engine: str) -> None:
         os.close(w)
 
 
-@with_gil
-def test_a_crowded_process_gets_an_earlier_watchdog_and_no_prearm() -> None:
-    """With other threads queued for the GIL the watchdog waits longer than one switch
-    interval for it, so it learns to ask earlier (the lead grows by that wait: it is at
-    the deadline in time). And on 3.12+, where the pre-armed hook's events are
-    interpreter-wide, it holds the GIL up to the deadline instead of making every thread
-    run instrumented code (csrc/tc_internal.h: TC_PREARM_QUIET_NS): with 3 spinning threads
-    it holds for some deadlines, where always pre-arming would hold for none."""
+def _crowded(trials: int) -> tuple[dict[str, int], dict[str, int]]:
+    """``trials`` 20 ms deadlines on a CPU loop next to 3 spinning threads; the counters
+    before and after."""
     stop = threading.Event()
 
     def spin() -> None:
@@ -760,7 +753,7 @@ def test_a_crowded_process_gets_an_earlier_watchdog_and_no_prearm() -> None:
         t.start()
     try:
         before = _stats()
-        for _ in range(40):
+        for _ in range(trials):
             with pytest.raises(DeadlineExceeded):
                 with timeoutcore.thread_deadline(0.02):
                     burn(5)
@@ -769,6 +762,18 @@ def test_a_crowded_process_gets_an_earlier_watchdog_and_no_prearm() -> None:
         stop.set()
         for t in hogs:
             t.join()
+    assert after["fires"] - before["fires"] >= trials
+    return before, after
+
+
+@with_gil
+@pytest.mark.skipif(SELF_FIRE, reason="3.12+ with a GIL: the watchdog takes no GIL ahead "
+                    "in a crowded process (the next test)")
+def test_a_crowded_process_gets_an_earlier_watchdog() -> None:
+    """With other threads queued for the GIL the watchdog waits longer than one switch
+    interval for it, so it learns to ask earlier (the lead grows by that wait: it is at
+    the deadline in time)."""
+    _crowded(40)
     # No deadline is due any more, but the watchdog may still be finishing its last round:
     # it learns the crowd when the GIL comes and sets the lead from it at the round's end,
     # and in between it may run Python (the hook's drain), which lets this thread read the
@@ -780,11 +785,25 @@ def test_a_crowded_process_gets_an_earlier_watchdog_and_no_prearm() -> None:
         if lead == pytest.approx(switch + 800e-6 + min(crowd, 3e-3)) or time.monotonic() > give_up:
             break
         time.sleep(0.01)
-    assert after["fires"] - before["fires"] >= 40
     assert crowd > 0.0  # broken: 0, the lead never grows
     assert lead == pytest.approx(switch + 800e-6 + min(crowd, 3e-3))
-    if PREARM_IF_QUIET:
-        assert after["gil_holds"] > before["gil_holds"], (before, after)
+
+
+@pytest.mark.skipif(not SELF_FIRE, reason="3.12+ with a GIL (the self-fire's watch)")
+def test_a_crowded_process_leaves_a_thread_off_the_gil_to_fire_itself() -> None:
+    """3.12+ with a GIL: next to 3 spinning threads the guarded thread is mostly off the
+    GIL when its deadline comes. The watchdog does not queue for the GIL to fire it from
+    outside -- which held the GIL up to the deadline, and from 3.13 armed the hook, whose
+    events slow every thread while the fired one waits for its turn: it kicks the thread,
+    opens the fast window for it and waits for it to hold the GIL again, and the thread
+    fires itself (csrc/tc_watchdog.c: wd_watch, "Off the GIL"). A thread not back within
+    5 ms is fired the usual way, so on a loaded machine some are: most are not."""
+    before, after = _crowded(40)
+    fires = after["fires"] - before["fires"]
+    outside = sum(after[k] - before[k] for k in ("gil_holds", "hook_raises", "direct_raises"))
+    assert after["back_waits"] > before["back_waits"], (before, after)
+    assert after["pending_raises"] > before["pending_raises"], (before, after)
+    assert outside < fires / 2, (before, after)  # broken: ~3 in 4 fired from outside
 
 
 #: A real-time CPU hog for the starved-watchdog test: pins itself to the CPU given, switches
