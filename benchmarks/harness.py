@@ -630,14 +630,14 @@ class Plan:
 QUICK = Plan(
     name="quick",
     limits=(0.05,),
-    trials=15,
-    case_budget_s=1.0,
+    trials=8,
+    case_budget_s=0.5,
     slow_trials=2,
-    slow_budget_s=0.7,
+    slow_budget_s=0.4,
     overhead_rounds=10,
     overhead_thread_rounds=3,
-    throughput_tasks=600,
-    throughput_reps=3,
+    throughput_tasks=400,
+    throughput_reps=2,
     contention=False,
 )
 FULL = Plan(
