@@ -161,16 +161,6 @@
 #define TC_WATCH_AFTER_NS 30000LL
 #define TC_WATCH_MAX_NS 2000000LL
 #define TC_WATCH_BACK_NS 5000000LL
-/* Waking the sleeping watchdog from a block's entry (wd_notify) costs the
- * entering thread ~50-60 us on this machine class -- a futex wake of a
- * thread on an idle vCPU -- against ~5 us for the rest of the entry of a
- * block with a 1 ms deadline.  While blocks with a deadline at most
- * TC_HOT_NEAR_NS away keep being entered (one in the last TC_HOT_FOR_NS),
- * the watchdog wakes by itself every TC_HOT_POLL_NS, and such an entry
- * wakes it only if it must look before then (3.12+ with a GIL). */
-#define TC_HOT_POLL_NS 250000LL
-#define TC_HOT_FOR_NS 50000000LL
-#define TC_HOT_NEAR_NS 20000000LL
 #define TC_WATCH_SLOW_NS 1000000LL
 #define TC_PC_MAX_DECLINES 64
 /* ... and a call that keeps running at the same unusable place -- a loop
@@ -420,7 +410,7 @@ static struct {
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
         pending_handovers, watch_sleeps, remote_cancels, remote_relays, exit_lingers, pins, rescues,
-        tracer_sleeps, tracer_alarms, back_waits, entry_wakes;
+        tracer_sleeps, tracer_alarms, back_waits;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

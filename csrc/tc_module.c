@@ -804,7 +804,6 @@ void tc_get_stats(struct tc_stats *o)
     o->tracer_sleeps = atomic_load(&g_st.tracer_sleeps);
     o->tracer_alarms = atomic_load(&g_st.tracer_alarms);
     o->back_waits = atomic_load(&g_st.back_waits);
-    o->entry_wakes = atomic_load(&g_st.entry_wakes);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

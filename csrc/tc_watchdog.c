@@ -25,7 +25,6 @@ static _Atomic uint32_t g_wd_seq;         /* futex word to wake it        */
 static _Atomic int64_t g_wd_planned = 0;  /* when it means to act next    */
 static _Atomic int64_t g_wd_wake_at = 0;  /* when its current sleep ends  */
 static _Atomic int g_wd_tid;              /* its kernel thread id         */
-static _Atomic int64_t g_hot_until = 0;   /* it polls until then (TC_HOT_) */
 static _Atomic int64_t g_wd_seen_at = 0;  /* when it last planned (awake) */
 static _Atomic uint32_t g_wd_ready;       /* it has its thread state      */
 static _Atomic int64_t g_lead = TC_SWITCH_DEFAULT_NS + TC_LEAD_MARGIN_NS;
@@ -45,13 +44,6 @@ static void wd_learn_crowd(int64_t waited)
 }
 
 static int wd_running(void) { return g_wd_running; }
-
-/* When the watchdog polls next while near deadlines keep coming (3.12+ with
- * a GIL; tc_internal.h: TC_HOT_POLL_NS), or TC_NEVER. */
-static int64_t wd_hot_poll_at(int64_t now)
-{
-    return atomic_load(&g_hot_until) > now ? now + TC_HOT_POLL_NS : TC_NEVER;
-}
 
 static void wd_wake(void)
 {
@@ -86,8 +78,6 @@ static void wd_notify(tc_slot *s, int64_t deadline, int64_t now)
 {
     if (deadline == TC_NEVER)
         return;
-    if (now == 0)
-        now = now_ns();
     int64_t planned = atomic_load(&g_wd_planned);
     /* a slot its own thread pre-armed (slot_self_prearm) needs no lead: the
      * watchdog looks at the deadline (wd_plan), or, while its tracer sleeps,
@@ -96,35 +86,11 @@ static void wd_notify(tc_slot *s, int64_t deadline, int64_t now)
     int64_t need = !atomic_load(&s->prearmed) ? deadline - atomic_load(&g_lead) - prearm_lead()
                    : slot_asleep(s)           ? deadline + TC_PREARM_GRACE_NS
                                               : deadline;
-    int near = 0;
-#if TC_SELF_FIRE
-    /* The self-fire's first look is needed TC_WATCH_PREPARE_NS before the
-     * deadline (a poll ahead): while near deadlines keep coming, the
-     * watchdog polls by itself (wd_hot_poll_at) and is seldom woken.  A
-     * poll has no slot's backstop behind it (wd_backstop arms the one of
-     * the slot it sleeps for), and the watchdog may not get a CPU for it:
-     * a near deadline arms its own (~1.4 us, against a wake's 50-60). */
-    if (!atomic_load(&s->prearmed)) {
-        int64_t first = deadline - TC_WATCH_PREPARE_NS - TC_WATCH_POLL_NS;
-        if (first > need)
-            need = first;
-        if ((near = deadline - now <= TC_HOT_NEAR_NS) &&
-            atomic_load(&g_hot_until) < now + TC_HOT_FOR_NS / 2)
-            atomic_store(&g_hot_until, now + TC_HOT_FOR_NS);
-    }
-#endif
     int wake = need < planned;
-    if (atomic_load(&s->alive) && (wake || near || planned <= now))
+    if (atomic_load(&s->alive) && (wake || planned <= (now != 0 ? now : now_ns())))
         timer_backstop(s, atomic_load(&s->gen), deadline);
-    if (wake) {
-        /* It plans afresh once it runs (on an idle CPU, tens of us from
-         * now): the entries meanwhile need not wake it again.  Only if it
-         * has not planned since our look -- a plan made since has seen
-         * this deadline, and is earlier than the one read. */
-        (void)atomic_compare_exchange_strong(&g_wd_planned, &planned, need);
-        STAT_INC(entry_wakes);
+    if (wake)
         wd_wake();
-    }
 }
 
 /* The backstop's signal handler, in slot s's thread (tc_os.c: tc_handler;
@@ -1035,10 +1001,7 @@ static void *wd_main(void *arg)
             break;
         }
         uint32_t seen = atomic_load(&g_wd_seq);
-        int64_t poll_at = wd_hot_poll_at(now_ns());
         wd_event ev = wd_plan(&fast_until, &look_at);
-        if (poll_at < look_at)
-            look_at = poll_at; /* a look like the window's (below) */
         atomic_store(&g_wd_planned, ev.at < look_at ? ev.at : look_at);
         /* Dekker with wd_notify: a deadline stored before our store above
          * is seen by this second look; one stored after sees our plan. */

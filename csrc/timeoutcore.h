@@ -167,9 +167,6 @@ struct tc_stats {
     uint64_t back_waits;       /* 3.12+: deadlines due while their thread
                                   was off the GIL, left for it to fire
                                   itself once back (tc_watchdog.c)       */
-    uint64_t entry_wakes;      /* block entries and reschedules that woke
-                                  the sleeping watchdog (tc_watchdog.c:
-                                  wd_notify)                             */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

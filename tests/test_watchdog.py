@@ -306,30 +306,6 @@ def test_a_thread_holding_the_gil_at_its_deadline_fires_it_itself() -> None:
     assert after["hooked_now"] == 0
 
 
-@pytest.mark.skipif(not SELF_FIRE, reason="3.12+ with a GIL (the self-fire's watch)")
-def test_near_deadlines_that_keep_coming_do_not_wake_the_watchdog() -> None:
-    """Waking the sleeping watchdog costs the entering thread tens of microseconds on a VM
-    (a futex wake of a thread on an idle CPU: 50-60 us of a 1 ms block's 60 us entry,
-    measured). While blocks with near deadlines keep coming, the watchdog looks by itself
-    every 250 us, and an entry wakes it only if it must look before then
-    (csrc/tc_internal.h: TC_HOT_POLL_NS): of 50 blocks with a 5 ms deadline, the first one
-    may wake it. They are stopped on time all the same: every 5th overruns."""
-    before = _stats()
-    for i in range(50):
-        scope = timeoutcore.thread_deadline(0.005)
-        if i % 5 == 4:
-            with pytest.raises(DeadlineExceeded):
-                with scope:
-                    burn(0.1)
-            assert scope.overshoot is not None and scope.overshoot < LATE
-        else:
-            with scope:
-                pass
-    after = _stats()
-    assert after["fires"] - before["fires"] == 10
-    assert after["entry_wakes"] - before["entry_wakes"] <= 2, (before, after)  # broken: 50
-
-
 def _running_watchdog() -> int:
     """Start the watchdog (a block with a deadline) and return its kernel thread id."""
     from timeoutcore import _native
