@@ -765,6 +765,17 @@ static int pc_prepare(void *arg)
     return 0;
 }
 
+/* The watch's next look ahead of `until`: half the time left, at least
+ * TC_WATCH_POLL_NS, never past `until` -- a thread that lets the GIL go is
+ * still seen well ahead, with a handful of wake-ups rather than one per
+ * poll (each may preempt the very thread it watches). */
+static int64_t half_way(int64_t now, int64_t until)
+{
+    int64_t half = (until - now) / 2;
+    int64_t at = now + (half > TC_WATCH_POLL_NS ? half : TC_WATCH_POLL_NS);
+    return at < until ? at : until;
+}
+
 static int watch_again(tc_slot *s, uint64_t gen, int64_t at)
 {
     atomic_store(&s->watch_gen, gen);
@@ -852,11 +863,8 @@ static int wd_watch(wd_event ev)
             return watch_again(s, ev.gen, s->free_since + TC_WATCH_POLL_NS);
         }
         s->free_gen = 0;
-        if (now < ev.deadline) {
-            int64_t half = (ev.deadline - now) / 2;
-            int64_t at = now + (half > TC_WATCH_POLL_NS ? half : TC_WATCH_POLL_NS);
-            return watch_again(s, ev.gen, at < ev.deadline ? at : ev.deadline);
-        }
+        if (now < ev.deadline)
+            return watch_again(s, ev.gen, half_way(now, ev.deadline));
         return watch_again(s, ev.gen, now + TC_WATCH_AFTER_NS);
     }
     if (now < ev.deadline) {
@@ -865,17 +873,12 @@ static int wd_watch(wd_event ev)
             (void)tc_add_pending(pc_prepare, s); /* full: the exit builds it */
         }
         if (ev.deadline - now > TC_WATCH_SPIN_NS) {
-            /* Half the time left, at least TC_WATCH_POLL_NS: a thread
-             * that lets the GIL go is still seen well ahead of its
-             * deadline, with a handful of wake-ups rather than one per
-             * poll (each may preempt the very thread it watches). */
             int64_t spin_at = ev.deadline - TC_WATCH_SPIN_NS;
             int64_t prep_at = ev.deadline - TC_WATCH_PREPARE_NS;
-            int64_t half = (spin_at - now) / 2;
-            int64_t at = now + (half > TC_WATCH_POLL_NS ? half : TC_WATCH_POLL_NS);
+            int64_t at = half_way(now, spin_at);
             if (s->prepare_gen != ev.gen && prep_at > now && prep_at < at)
                 at = prep_at;
-            return watch_again(s, ev.gen, at < spin_at ? at : spin_at);
+            return watch_again(s, ev.gen, at);
         }
         /* Spin to the deadline, unless this is the CPU the thread runs on:
          * there the spin would keep it off the CPU -- sleep instead. */
