@@ -438,6 +438,20 @@ static void fast_enter_locked(void)
     atomic_store(&g_fast_flag, 1);
 }
 
+/* Whether the interval found at the window's end is still the window's: the
+ * value it set, or that value written back through sys -- code that saves
+ * sys.getswitchinterval() inside the window and restores it (a common
+ * save/restore around some work) stores 199 us, not 200: sys reads the
+ * interval as 1e-6 * us (0.00019999999999999998) and stores (unsigned
+ * long)(1e6 * seconds), which truncates to 199.  Taken for the user's own
+ * setting, that value stayed for good: below the window's, so no window
+ * opened again and the whole process ran at ~200 us. */
+static int fast_interval_is_ours(unsigned long cur)
+{
+    const double sys_read = 1e-6 * (double)TC_FAST_SWITCH_US;
+    return cur == TC_FAST_SWITCH_US || cur == (unsigned long)(1e6 * sys_read);
+}
+
 /* With `rewait`, the waiters wait the user's interval afresh (tc_gil.c): a
  * short wait that began before this would otherwise ask the holder to let
  * go within TC_FAST_SWITCH_US -- often the thread whose interrupt was just
@@ -449,7 +463,7 @@ static void fast_leave_locked(int rewait)
 {
     if (!g_fast_on)
         return;
-    if (tc_switch_interval_us() == TC_FAST_SWITCH_US &&
+    if (fast_interval_is_ours(tc_switch_interval_us()) &&
         tc_set_switch_interval_us(g_fast_saved, rewait) != 0)
         STAT_INC(rewait_errors);
     g_fast_on = 0;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import sysconfig
 import threading
 import time
@@ -54,6 +55,39 @@ def _native_api() -> types.SimpleNamespace:
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 #: the pure-Python engine needs a GIL (timeoutcore/_engine.py)
 needs_gil = pytest.mark.skipif(FREE_THREADED, reason="the fallback engine needs a GIL")
+
+
+#: The interpreter's switch interval before any test ran.
+_SWITCH_INTERVAL = sys.getswitchinterval()
+
+
+def _interval_back(give_up_after: float = 2.0) -> bool:
+    """Wait until the switch interval is the interpreter's own again: the watchdog closes a
+    fast window asynchronously (at the latest 20 ms after a fire), so one may still be open
+    when a test ends. Whether it came back."""
+    end = time.monotonic() + give_up_after
+    while sys.getswitchinterval() != _SWITCH_INTERVAL:
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+@pytest.fixture(autouse=True)
+def _switch_interval_isolated() -> Iterator[None]:
+    """Every test starts and ends with the interpreter's own switch interval. A test that
+    saved sys.getswitchinterval() to restore it later, while an earlier test's window was
+    still closing, saved the window's 200 us and restored it as 199 us (sys truncates): no
+    window opened for the rest of the run, and a test of the lead failed two tests files
+    later (CI, 3.11.7 and 3.12.1). A window left open, or an interval not put back, fails
+    the test that left it."""
+    _interval_back()
+    yield
+    if not _interval_back():
+        found = sys.getswitchinterval()
+        sys.setswitchinterval(_SWITCH_INTERVAL)  # the next tests start clean
+        pytest.fail(f"the switch interval is {found} s two seconds after the test, "
+                    f"not the interpreter's {_SWITCH_INTERVAL} s")
 
 
 @pytest.fixture(params=["native", pytest.param("fallback", marks=needs_gil)])

@@ -105,13 +105,18 @@ def test_every_thread_due_at_once_is_stopped() -> None:
 # -- the fast window: a lowered switch interval only while a deadline is due ------------------
 
 
+#: For _wait_for_window: write back the interval it read (a save/restore inside the window).
+_READ_BACK = -1.0
+
+
 @timeoutcore.protected
 def _wait_for_window(set_to: "float | None" = None) -> float:
     """Inside a guarded block: wait (protected, so the block's interrupt waits too and the
     window stays open) until the switch interval is lowered; returns what it read, after
-    setting ``set_to`` if given (the user's own setting, during the window). It waits asleep:
-    a thread that holds the GIL ahead of its deadline is left to fire it itself, and the
-    window is for a thread that must get the GIL back (3.12+: the self-fire)."""
+    setting ``set_to`` if given (the user's own setting, during the window; _READ_BACK: the
+    value read). It waits asleep: a thread that holds the GIL ahead of its deadline is left
+    to fire it itself, and the window is for a thread that must get the GIL back (3.12+:
+    the self-fire)."""
     scope = timeoutcore.current_scope()
     assert scope is not None
     scope.reschedule(time.monotonic() + 0.01)  # from in here: it cannot pass before we are
@@ -122,7 +127,9 @@ def _wait_for_window(set_to: "float | None" = None) -> float:
     while seen > 0.001 and time.monotonic() < give_up:
         time.sleep(0.0002)
         seen = sys.getswitchinterval()
-    if set_to is not None:
+    if set_to is _READ_BACK:
+        sys.setswitchinterval(seen)
+    elif set_to is not None:
         sys.setswitchinterval(set_to)
     return seen
 
@@ -170,6 +177,22 @@ def test_a_switch_interval_set_during_the_window_is_kept() -> None:
         sys.setswitchinterval(before)
     assert seen == pytest.approx(200e-6)
     assert after == pytest.approx(0.003)
+
+
+@with_gil
+def test_an_interval_saved_and_restored_inside_the_window_is_the_windows() -> None:
+    """Code that saves sys.getswitchinterval() inside the window and restores it there writes
+    the window's value back -- as 199 us (sys reads 200 us as 0.00019999999999999998 and
+    stores it truncated). The user's interval still comes back when the window closes."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        seen = _in_window(set_to=_READ_BACK)
+        after = _settled(0.005)
+    finally:
+        sys.setswitchinterval(before)
+    assert seen == pytest.approx(200e-6)
+    assert after == pytest.approx(0.005)  # broken: 0.000199 for good, no window opens again
 
 
 def test_no_window_stays_open_without_deadlines() -> None:
