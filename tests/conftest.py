@@ -61,16 +61,14 @@ needs_gil = pytest.mark.skipif(FREE_THREADED, reason="the fallback engine needs 
 _SWITCH_INTERVAL = sys.getswitchinterval()
 
 
-def _interval_back(give_up_after: float = 2.0) -> bool:
-    """Wait until the switch interval is the interpreter's own again: the watchdog closes a
-    fast window asynchronously (at the latest 20 ms after a fire), so one may still be open
-    when a test ends. Whether it came back."""
+def settled_interval(want: float, give_up_after: float = 2.0) -> float:
+    """The switch interval once it is ``want``, or after ``give_up_after`` seconds: the
+    watchdog closes a fast window asynchronously (at the latest 20 ms after a fire), so one
+    may still be open when a block or a test has ended."""
     end = time.monotonic() + give_up_after
-    while sys.getswitchinterval() != _SWITCH_INTERVAL:
-        if time.monotonic() > end:
-            return False
+    while abs(sys.getswitchinterval() - want) > 1e-9 and time.monotonic() < end:
         time.sleep(0.001)
-    return True
+    return sys.getswitchinterval()
 
 
 @pytest.fixture(autouse=True)
@@ -78,13 +76,13 @@ def _switch_interval_isolated() -> Iterator[None]:
     """Every test starts and ends with the interpreter's own switch interval. A test that
     saved sys.getswitchinterval() to restore it later, while an earlier test's window was
     still closing, saved the window's 200 us and restored it as 199 us (sys truncates): no
-    window opened for the rest of the run, and a test of the lead failed two tests files
+    window opened for the rest of the run, and a test of the lead failed two test files
     later (CI, 3.11.7 and 3.12.1). A window left open, or an interval not put back, fails
     the test that left it."""
-    _interval_back()
+    settled_interval(_SWITCH_INTERVAL)
     yield
-    if not _interval_back():
-        found = sys.getswitchinterval()
+    found = settled_interval(_SWITCH_INTERVAL)
+    if abs(found - _SWITCH_INTERVAL) > 1e-9:
         sys.setswitchinterval(_SWITCH_INTERVAL)  # the next tests start clean
         pytest.fail(f"the switch interval is {found} s two seconds after the test, "
                     f"not the interpreter's {_SWITCH_INTERVAL} s")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FREE_THREADED, LATE, burn
+from conftest import FREE_THREADED, LATE, burn, settled_interval
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded
@@ -144,21 +144,13 @@ def _in_window(set_to: "float | None" = None) -> float:
     return seen
 
 
-def _settled(want: float) -> float:
-    """The interval once the watchdog has closed the window (it does so asynchronously)."""
-    end = time.monotonic() + 2
-    while abs(sys.getswitchinterval() - want) > 1e-9 and time.monotonic() < end:
-        time.sleep(0.001)
-    return sys.getswitchinterval()
-
-
 @with_gil
 def test_the_switch_interval_is_lowered_while_a_deadline_is_due_and_put_back() -> None:
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.005)
     try:
         seen = _in_window()
-        after = _settled(0.005)
+        after = settled_interval(0.005)
     finally:
         sys.setswitchinterval(before)
     assert seen == pytest.approx(200e-6)  # broken: the interval never moves
@@ -188,7 +180,7 @@ def test_an_interval_saved_and_restored_inside_the_window_is_the_windows() -> No
     sys.setswitchinterval(0.005)
     try:
         seen = _in_window(set_to=_READ_BACK)
-        after = _settled(0.005)
+        after = settled_interval(0.005)
     finally:
         sys.setswitchinterval(before)
     assert seen == pytest.approx(200e-6)
@@ -723,7 +715,7 @@ def test_a_thread_woken_by_its_fd_takes_the_gil_back_within_the_fast_window() ->
             threads[0].join(30)
             writer.wait(30)
             after = _stats()
-            settled = _settled(0.02)
+            settled = settled_interval(0.02)
     finally:
         stop.set()
         sys.setswitchinterval(before_interval)
@@ -800,7 +792,7 @@ def test_a_crowded_process_gets_an_earlier_watchdog() -> None:
     # No deadline is due any more, but the watchdog may still be finishing its last round:
     # it learns the crowd when the GIL comes and sets the lead from it at the round's end,
     # and in between it may run Python (the hook's drain), which lets this thread read the
-    # one already changed and the other not yet (CI, 3.12.1: lead 0.2 ms above the sum).
+    # one already changed and the other not yet.
     # A round ends within milliseconds; a lead that never follows the crowd never agrees.
     give_up = time.monotonic() + 2
     while True:
