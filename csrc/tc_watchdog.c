@@ -756,9 +756,9 @@ static void wd_prepare(tc_slot *s, int64_t deadline)
  * of 2 ms, 3.12.1: 0.70-0.78x the throughput without deadlines, p50 ~1 ms
  * late.  So while the slot's thread holds the GIL ahead of its deadline,
  * the watchdog does not ask for the GIL at all.  It looks at the GIL's
- * holder (tc_gil.c) every TC_WATCH_POLL_NS, asks the thread to build its
- * exception TC_WATCH_PREPARE_NS ahead (pc_prepare, below: wd_prepare in the
- * thread itself), spins the last TC_WATCH_SPIN_NS, and at the deadline
+ * holder (tc_gil.c) TC_WATCH_PREPARE_NS ahead, where it asks the thread to
+ * build its exception (pc_prepare, below: wd_prepare in the thread itself),
+ * and TC_WATCH_SPIN_NS ahead, spins from there, and at the deadline
  * queues pc_fire (tc_deliver.c), which the thread runs at its next breaker
  * check and which raises at its next back-edge: the GIL never changes
  * hands.  A thread seen without the GIL (its turn ended, a blocking call)
