@@ -905,9 +905,10 @@ static int wd_watch(wd_event ev)
              * (p50 0.85-0.96 ms against 0.76-0.86).  A thread that lets
              * the GIL go meanwhile is seen at the prepare's look (off the
              * GIL, above), and a blocking call is knocked loose by its
-             * timer's signal at the deadline all the same. */
-            int64_t at = s->prepare_gen != ev.gen && prep_at > now ? prep_at : spin_at;
-            return watch_again(s, ev.gen, at);
+             * timer's signal at the deadline all the same.  (Not prepared
+             * yet: then the prepare's time is still ahead, or it would have
+             * been queued just above.) */
+            return watch_again(s, ev.gen, s->prepare_gen != ev.gen ? prep_at : spin_at);
         }
         /* Spin to the deadline, unless this is the CPU the thread runs on:
          * there the spin would keep it off the CPU -- sleep instead. */
