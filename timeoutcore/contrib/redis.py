@@ -361,13 +361,16 @@ class DeadlineRegistry:
         backoff = 0.05
         client = self._subscriber_client()
         while not self._stop.is_set():
-            pubsub = self._pubsub = client.pubsub()  # type: ignore[no-untyped-call]
+            pubsub = self._pubsub = client.pubsub()
             try:
                 pubsub.subscribe(self.channel)
                 while not self._stop.is_set():
                     if not self._await_message(pubsub):
                         continue
-                    message = pubsub.get_message(timeout=None)  # blocks; close() wakes it
+                    # Blocks until a message comes; close() wakes it. redis-py documents and
+                    # implements timeout=None as "wait indefinitely" (one blocking read),
+                    # but annotates the parameter as float.
+                    message = pubsub.get_message(timeout=None)  # type: ignore[arg-type]
                     if message is None:
                         continue
                     if message["type"] == "subscribe":
