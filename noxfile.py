@@ -27,16 +27,17 @@ import nox
 REQUIRED = ["3.11", "3.12", "3.13"]
 OPTIONAL = ["3.14", "3.14t"]
 
-# Pinned so that a new linter release cannot break CI by itself; bump them on purpose.
-# ruff: [tool.ruff] selects no rules, so the rule set is ruff's default, and 0.16 widened that
-# default from 59 rules to 413: stay on 0.15.x until pyproject selects its rules explicitly.
-# mypy: 1.20 reports false union-attr errors after `x is None or x is not <Any>` guards
-# (timeoutcore/_fallback.py).
-RUFF = "ruff==0.15.22"
-MYPY = "mypy==1.19.1"
-TYPES_CFFI = "types-cffi==2.1.0.20260827"
-
 ROOT = Path(__file__).resolve().parent
+
+# Every install in every session, the project's build requirements included (pip 25.3+ reads
+# PIP_BUILD_CONSTRAINT for its isolated build environment, older pips PIP_CONSTRAINT), takes
+# the exact versions in constraints.txt, so a release elsewhere cannot change what the checks
+# run against; the caps on the tools and their reasons are in scripts/refresh_constraints.py,
+# which rewrites the file. Explicit values win: `PIP_CONSTRAINT= PIP_BUILD_CONSTRAINT= nox -s
+# types` checks against the newest releases.
+CONSTRAINTS = ROOT / "constraints.txt"
+for _var in ("PIP_CONSTRAINT", "PIP_BUILD_CONSTRAINT"):
+    os.environ.setdefault(_var, str(CONSTRAINTS))
 
 nox.options.error_on_missing_interpreters = True
 nox.options.sessions = ["lint", "types", "tests"]
@@ -119,7 +120,7 @@ def _install_project(session: nox.Session, spec: str, *more: str) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check over the whole repository (config: [tool.ruff] in pyproject.toml)."""
-    session.install(RUFF)
+    session.install("ruff")
     session.run("ruff", "check", ".", *session.posargs)
 
 
@@ -127,7 +128,7 @@ def lint(session: nox.Session) -> None:
 def types(session: nox.Session) -> None:
     """mypy --strict (config: [tool.mypy] in pyproject.toml) over the timeoutcore package."""
     # The package itself brings cffi (imported by _ffi_build.py); types-cffi gives it types.
-    _install_project(session, ".[celery,redis]", MYPY, TYPES_CFFI)
+    _install_project(session, ".[celery,redis]", "mypy", "types-cffi")
     session.run("mypy", "timeoutcore", *session.posargs)
 
 
