@@ -141,14 +141,19 @@ def test_socket_timeout_values() -> None:
     assert socket_timeout(2.5) == 2.5
 
     def body() -> Any:
-        with thread_deadline(1.0):
-            return socket_timeout(None), socket_timeout(0.0), socket_timeout(0.1), \
-                socket_timeout(30.0)
+        with thread_deadline(30.0) as scope:
+            # each bracketed by the scope's remaining time just before and just after
+            def bracket(sock_timeout: Any) -> Any:
+                before = scope.remaining()
+                got = socket_timeout(sock_timeout)
+                return before, got, scope.remaining()
+
+            return bracket(None), socket_timeout(0.0), socket_timeout(0.1), bracket(60.0)
 
     blocking_, nonblocking, shorter, longer = in_thread(body)
-    assert 0.9 < blocking_ <= 1.0
+    assert blocking_[2] <= blocking_[1] <= blocking_[0] <= 30.0
     assert nonblocking == 0.0 and shorter == 0.1
-    assert 0.9 < longer <= 1.0
+    assert longer[2] <= longer[1] <= longer[0] <= 30.0
 
 
 def test_shield_lets_the_wait_run_to_its_own_timeout(pipe: tuple[int, int]) -> None:

@@ -16,7 +16,7 @@ import timeoutcore
 from timeoutcore import DeadlineExceeded, SoftDeadlineExceeded
 
 
-def wait_until(cond: Any, timeout: float = 2.0) -> bool:
+def wait_until(cond: Any, timeout: float = 5.0) -> bool:
     end = time.monotonic() + timeout
     while not cond() and time.monotonic() < end:
         time.sleep(0.005)
@@ -35,8 +35,11 @@ def test_soft_callback_once_off_the_enforcing_threads(
     def body() -> Any:
         guarded.append(threading.get_ident())
         with pytest.raises(DeadlineExceeded):
-            with api.thread_deadline(0.2, soft=0.05, on_soft=on_soft, label="job") as scope:
-                spin_forever()
+            with api.thread_deadline(5, soft=0.05, on_soft=on_soft, label="job") as scope:
+                # The soft limit must pass while the block runs, however slow the machine:
+                # run until it has (the hard limit caps a soft timer that never fires),
+                # then end the block by its hard limit, moved to now.
+                _until_soft_then_hard(scope)
         return scope
 
     with caplog.at_level(logging.WARNING, logger="timeoutcore"):
@@ -56,11 +59,22 @@ def test_soft_callback_once_off_the_enforcing_threads(
                for r in caplog.records)
 
 
+def _until_soft_then_hard(scope: Any) -> None:
+    """Run until the soft limit of ``scope`` has passed, then stop the block by its hard
+    limit (moved to now). Its own frame (cpython#130279, see conftest.burn)."""
+    while not scope.soft_expired():
+        burn(0.001)
+    scope.reschedule(time.monotonic())
+    spin_forever()
+
+
 def test_soft_limit_not_reached_calls_nothing(api: Any) -> None:
     calls = []
-    with api.thread_deadline(1, soft=0.5, on_soft=calls.append) as scope:
+    # a soft limit far beyond the block's work; then wait until it has passed (after the
+    # exit), so that a soft timer firing for an exited block would be seen
+    with api.thread_deadline(2, soft=1.0, on_soft=calls.append) as scope:
         burn(0.01)
-    time.sleep(0.6)
+    time.sleep(max(scope.entered_at + 1.0 + 0.1 - time.monotonic(), 0))
     assert calls == [] and not scope.soft_expired()
     assert scope.result.status == "completed"
 
@@ -68,18 +82,27 @@ def test_soft_limit_not_reached_calls_nothing(api: Any) -> None:
 def test_soft_raise_is_catchable_and_the_hard_limit_follows(api: Any, where: Any) -> None:
     def body() -> Any:
         seen = []
+        moved = []
         with pytest.raises(DeadlineExceeded):
-            with api.thread_deadline(0.3, soft=0.05, soft_raise=True) as scope:
+            # A hard limit far enough for the soft one to come first on any machine (it
+            # also caps a soft limit that never fires); once the soft exception is caught,
+            # the hard deadline is brought near so the test does not wait it out.
+            with api.thread_deadline(5, soft=0.05, soft_raise=True) as scope:
                 try:
                     spin_forever()
                 except SoftDeadlineExceeded:
                     seen.append(scope.elapsed())
+                # the soft exception left the hard deadline where it was
+                seen.append(scope.when() - scope.entered_at)
+                moved.append(scope.elapsed() + 0.05)
+                scope.reschedule(time.monotonic() + 0.05)
                 spin_forever()  # clean-up that overruns: the hard limit stops it
-        return seen, scope.elapsed()
+        return seen, moved, scope.elapsed(), scope.expired()
 
-    seen, elapsed = where(body)
-    assert len(seen) == 1 and 0.05 <= seen[0] < 0.05 + LATE
-    assert 0.3 <= elapsed < 0.3 + LATE
+    seen, moved, elapsed, expired = where(body)
+    assert len(seen) == 2 and 0.05 <= seen[0] < 0.05 + LATE
+    assert 4 < seen[1] < 6  # still the hard limit set at entry
+    assert expired and moved[0] <= elapsed < moved[0] + LATE
 
 
 def test_soft_raise_never_lands_after_the_block(api: Any) -> None:
@@ -205,25 +228,35 @@ def test_cleanups_do_not_run_when_the_block_finishes(api: Any) -> None:
 def test_decorator_keeps_soft_settings() -> None:
     calls = []
 
-    @timeoutcore.thread_deadline(0.2, soft=0.03, on_soft=calls.append)
+    @timeoutcore.thread_deadline(5, soft=0.03, on_soft=calls.append)
     def work() -> None:
-        spin_forever()
+        # the soft limit passes in the block whatever the load; then its hard limit ends it
+        scope = timeoutcore.current_scope()
+        assert scope is not None and scope.limit == 5
+        _until_soft_then_hard(scope)
 
     for _ in range(2):
         with pytest.raises(DeadlineExceeded):
             work()
     assert wait_until(lambda: len(calls) == 2)
+    assert calls[0] is not calls[1]  # a fresh scope per call, each with the soft limit
 
 
 def test_the_first_soft_limit_of_a_process_never_fires_early(tmp_path: Any) -> None:
     """The soft timer is registered in the enter hook, before the scope stamps its entry;
     the first time that hook imports the timer and starts its thread (milliseconds), and
-    the soft limit fired that much before `soft` had passed in the block."""
+    the soft limit fired that much before `soft` had passed in the block. The block lasts
+    until the callback has run (an event, capped well below the hard limit), so that the
+    soft limit always passes while it is active."""
     code = (
-        "import timeoutcore\n"
+        "import threading, timeoutcore\n"
         "seen = []\n"
-        "with timeoutcore.thread_deadline(1, soft=0.01, on_soft=lambda s: seen.append(s.elapsed())):\n"
-        "    timeoutcore.sleep(0.05)\n"
+        "ran = threading.Event()\n"
+        "def on_soft(s):\n"
+        "    seen.append(s.elapsed())\n"
+        "    ran.set()\n"
+        "with timeoutcore.thread_deadline(5, soft=0.01, on_soft=on_soft):\n"
+        "    ran.wait(4)\n"
         "assert len(seen) == 1 and seen[0] >= 0.01, seen\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
