@@ -73,7 +73,11 @@ def test_anticipation_follows_the_switch_interval() -> None:
         if seen == pytest.approx(_expected_anticipation(seen[2])):
             break
     assert seen == pytest.approx(_expected_anticipation(seen[2]))
-    assert 0.0 <= seen[2] < 0.01  # a quiet process: the watchdog hardly waits
+    # A quiet process: the GIL is free, so the watchdog waits only for a CPU. The bound is
+    # generous, not a latency figure: the average still carries earlier tests' crowded
+    # waits, and a loaded machine delays the watchdog's own thread. Broken: a negative wait,
+    # or one in the wrong unit (nanoseconds taken for microseconds: a thousand times more).
+    assert 0.0 <= seen[2] < 0.1
 
 
 def test_every_thread_due_at_once_is_stopped() -> None:
@@ -201,26 +205,31 @@ def test_no_window_stays_open_without_deadlines() -> None:
 
         @timeoutcore.protected
         def stuck() -> None:
-            with lock:  # held by this test for 0.3 s: the interrupt waits
+            with lock:  # held by this test until it has looked: the interrupt waits
                 pass
 
         lock.acquire()
-        result: list[float] = []
+        scope = timeoutcore.thread_deadline(0.01)
 
         def body() -> None:
             with pytest.raises(DeadlineExceeded):
-                with timeoutcore.thread_deadline(0.01):
+                with scope:
                     stuck()
                     while True:
                         pass
 
-        t = threading.Thread(target=body)
+        t = threading.Thread(target=body, daemon=True)
         t.start()
-        time.sleep(0.2)  # fired at 10 ms, still held: the window closed at ~30 ms
-        result.append(sys.getswitchinterval())
+        give_up = time.monotonic() + 10
+        while not scope.expired() and time.monotonic() < give_up:
+            time.sleep(0.001)
+        assert scope.expired()  # fired, and the thread still blocked in protected code
+        # The window closes 20 ms after the fire; settled_interval waits up to 2 s for it.
+        after_fire = settled_interval(0.005)
         lock.release()
         t.join(5)
-        assert result == [pytest.approx(0.005)]
+        assert not t.is_alive()
+        assert after_fire == pytest.approx(0.005)  # broken: 200 us while the thread is blocked
     finally:
         if lock.locked():
             lock.release()
@@ -425,22 +434,27 @@ def test_a_loop_written_in_the_block_itself_is_stopped_and_its_exits_run(shape: 
 def test_a_block_that_ends_after_the_prearm_leaves_no_hook_armed() -> None:
     """A block that ends between the pre-arm and its deadline takes the armed hook back
     at its exit (it would otherwise slow the thread, and on 3.12+ every thread, from then
-    on): no thread keeps a hook armed, and nothing fires."""
+    on): no thread keeps a hook armed, and nothing fires.
+    Each trial ends a quarter of a lead before its deadline; one descheduled past it
+    overruns and fires, and one that ended before the watchdog got to pre-arm it shows
+    nothing: the trials go on until a few have ended early after their pre-arm."""
     before = _stats()
-    ended_early = 0
-    for _ in range(30):
+    wanted, ended_early, trials = 5, 0, 0
+    while ended_early < wanted and trials < 300:  # the cap: a broken pre-arm fails, never hangs
+        trials += 1
         scope = timeoutcore.thread_deadline(0.03)
+        prearms = _stats()["prearms"]
         try:
             with scope:
                 _asleep_past_the_lead(scope)
                 _spin_until(scope.when() - PREARM_LEAD / 4)
-            ended_early += 1
         except DeadlineExceeded:  # descheduled at the wrong moment: it overran
-            pass
+            continue
+        ended_early += _stats()["prearms"] > prearms  # pre-armed, then ended before the deadline
     after = _stats()
-    assert ended_early >= 20
+    assert ended_early >= wanted, (trials, before, after)
     assert after["prearms"] > before["prearms"], (before, after)
-    assert after["hooked_now"] == 0
+    assert after["hooked_now"] == 0  # broken: the hook of a block that ended stays armed
 
 
 def _spin_until(t: float) -> None:
@@ -468,12 +482,17 @@ def test_a_prearmed_tracer_sleeps_until_the_deadline() -> None:
     a CPU loop runs at about a quarter of its speed. So the tracer a pre-arm puts in place
     sleeps until the deadline: blocks whose deadline is near enough to be pre-armed at
     their entry, and which end before it, run their loop as fast as the same loop without
-    a deadline (alternated trials; awake, the ratio was ~0.25), and no alarm goes off."""
+    a deadline (alternated trials; awake, the ratio was ~0.25), and no alarm goes off.
+    A block descheduled past its deadline overruns and is not counted: the trials go on
+    until enough blocks have ended in time (capped: a tracer that never lets one end in
+    time fails)."""
     before = _stats()
     cells = {"plain": [0], "armed": [0]}
     secs = {"plain": 0.0, "armed": 0.0}
     slept = 0
-    for i in range(400):
+    for i in range(4000):
+        if slept >= 100:
+            break
         mode = "armed" if i % 2 else "plain"
         cell = [0]
         t0 = time.perf_counter()
@@ -489,8 +508,8 @@ def test_a_prearmed_tracer_sleeps_until_the_deadline() -> None:
         secs[mode] += time.perf_counter() - t0
         cells[mode][0] += cell[0]
     after = _stats()
+    assert slept >= 100, (slept, before, after)
     ratio = (cells["armed"][0] / secs["armed"]) / (cells["plain"][0] / secs["plain"])
-    assert slept >= 150
     assert after["tracer_sleeps"] - before["tracer_sleeps"] >= slept, (before, after)
     assert ratio > 0.6, ratio
     assert after["hooked_now"] == 0
@@ -518,34 +537,78 @@ def test_a_sleeping_tracer_is_woken_at_the_deadline(shape: str) -> None:
     assert after["hooked_now"] == 0
 
 
+def _cancel_once_entered(scope: timeoutcore.DeadlineScope, entered: threading.Event,
+                         skip: list[bool], cancelled_at: list[float]) -> None:
+    """Cancel ``scope`` once its block says it is in (unless told to ``skip``), noting when."""
+    if entered.wait(10) and not skip[0]:
+        cancelled_at.append(time.monotonic())
+        scope.cancel("stop")
+
+
 @pytest.mark.skipif(not TRACER_SLEEPS, reason="3.11's per-thread tracer")
 def test_a_sleeping_tracers_alarm_follows_a_reschedule_and_a_cancel() -> None:
     """A block pre-armed at its entry and moved later goes on at full speed past its first
     deadline and stops at the new one; one cancelled from another thread while its tracer
-    sleeps stops at once (the alarm follows the slot's deadline: tc_slot.c slot_publish)."""
-    scope = timeoutcore.thread_deadline(NEAR)
-    t0 = time.monotonic()
-    with pytest.raises(DeadlineExceeded):
-        with scope:
-            scope.reschedule(t0 + 0.05)
-            burn(2)
-    assert scope.overshoot is not None and scope.overshoot < LATE
-    assert time.monotonic() - t0 >= 0.05
-
-    scope = timeoutcore.thread_deadline(0.0009)
-    entered = threading.Event()
-    canceller = threading.Thread(target=lambda: (entered.wait(), scope.cancel("stop")))
-    canceller.start()
-    t0 = time.monotonic()
-    try:
-        with pytest.raises(timeoutcore.DeadlineCancelled):
+    sleeps stops at once (the alarm follows the slot's deadline: tc_slot.c slot_publish).
+    Only a trial whose reschedule returned before the first deadline shows either (one
+    descheduled in between, on a loaded machine, fires at the first deadline): the others
+    are not counted, and the trials go on (capped) until one does."""
+    done = False
+    for _ in range(50):
+        scope = timeoutcore.thread_deadline(NEAR)
+        t0 = time.monotonic()
+        first = moved_at = None
+        with pytest.raises(DeadlineExceeded):
             with scope:
-                scope.reschedule(t0 + 5.0)  # asleep, far away: only the cancel can stop it
+                first = scope.when()
+                scope.reschedule(t0 + 0.05)
+                moved_at = time.monotonic()
+                burn(2)
+        if first is None or moved_at is None or moved_at >= first:
+            continue  # the first deadline came before the reschedule had returned
+        assert scope.overshoot is not None and scope.overshoot < LATE
+        assert time.monotonic() - t0 >= 0.05  # broken: stopped at the first deadline
+        done = True
+        break
+    assert done, "no reschedule returned before its block's first deadline"
+
+    done = False
+    for _ in range(50):
+        scope = timeoutcore.thread_deadline(0.0009)
+        entered = threading.Event()
+        skip: list[bool] = [False]
+        cancelled_at: list[float] = []
+        canceller = threading.Thread(target=_cancel_once_entered, daemon=True,
+                                     args=(scope, entered, skip, cancelled_at))
+        canceller.start()
+        first = moved_at = None
+        stopped_by: "BaseException | None" = None
+        try:
+            with scope:
+                first = scope.when()
+                # asleep, far away: only the cancel can stop it
+                scope.reschedule(time.monotonic() + 5.0)
+                moved_at = time.monotonic()
                 entered.set()
                 burn(5)
-    finally:
-        canceller.join()
-    assert time.monotonic() - t0 < LATE
+        except DeadlineExceeded as e:
+            stopped_by = e
+        finally:
+            stopped = time.monotonic()
+            if not entered.is_set():  # the block ended before it asked for the cancel
+                skip[0] = True
+                entered.set()
+            canceller.join(10)
+        assert not canceller.is_alive()
+        if first is None or moved_at is None or moved_at >= first:
+            continue  # the first deadline came before the reschedule had returned
+        assert type(stopped_by) is timeoutcore.DeadlineCancelled, repr(stopped_by)
+        assert len(cancelled_at) == 1
+        # broken: the tracer sleeps on to the rescheduled deadline, 5 s away
+        assert stopped - cancelled_at[0] < LATE
+        done = True
+        break
+    assert done, "no reschedule returned before its block's first deadline"
     assert _stats()["hooked_now"] == 0
 
 
@@ -656,13 +719,18 @@ def test_the_prearm_lead_follows_the_cost_of_switching_events() -> None:
 # --- urgent GIL take-back (_wait_readable: the registry's subscriber) -----------------------
 
 # A writer in another process: it takes no part in this process's GIL, so the reader's wait
-# for the GIL is all that is measured. It writes its send time, CLOCK_MONOTONIC like ours.
+# for the GIL is all that is measured. It writes its send time, CLOCK_MONOTONIC like ours,
+# one line at a time: the next once the reader has taken the last (an ack on the second
+# pipe) and has had time to wait again, so that each line finds the reader waiting and the
+# spinner holding the GIL (lines queued behind a slow wait would each look quicker).
 PIPE_WRITER = r"""
-import os, sys, time
-w, n = int(sys.argv[1]), int(sys.argv[2])
+import os, select, sys, time
+w, ack, n = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 for _ in range(n):
     time.sleep(0.03)
     os.write(w, b"%.9f\n" % time.perf_counter())
+    if not select.select([ack], [], [], 10)[0] or not os.read(ack, 1):
+        break  # the reader gave up
 """
 
 
@@ -671,13 +739,14 @@ def test_a_thread_woken_by_its_fd_takes_the_gil_back_within_the_fast_window() ->
     """A spinning thread holds the GIL; a thread that waits in _wait_readable for a pipe
     gets the GIL back a fast switch interval after data arrives, not a whole one: the
     watchdog opens the window and wakes the waiters of the GIL, whose wait started with the
-    old interval (csrc/tc_gil.c). At a 20 ms interval a plain wait takes >= 20 ms. The
+    old interval (csrc/tc_gil.c). At a 100 ms interval a plain wait takes >= 100 ms. The
     window closes when the thread waits again."""
     import subprocess
 
     core = _core()
     n = 12
     r, w = os.pipe()
+    ack_r, ack_w = os.pipe()
     stop = threading.Event()
     lags: list[float] = []
     ready: list[bool] = []
@@ -697,36 +766,41 @@ def test_a_thread_woken_by_its_fd_takes_the_gil_back_within_the_fast_window() ->
             while b"\n" in buf and len(lags) < n:
                 line, buf = buf.split(b"\n", 1)
                 lags.append(got - float(line))
+                os.write(ack_w, b".")
         ready.append(True)
         core._wait_readable(r, 0.0)  # waits again: its urgent work is done
 
     before_interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.02)
+    sys.setswitchinterval(0.1)
     before = _stats()
     threads = [threading.Thread(target=spin), threading.Thread(target=reader)]
     try:
         with timeoutcore.thread_deadline(60):  # the watchdog runs
             for t in threads:
                 t.start()
-            writer = subprocess.Popen([sys.executable, "-c", PIPE_WRITER, str(w), str(n)],
-                                      pass_fds=(w,))
+            writer = subprocess.Popen(
+                [sys.executable, "-c", PIPE_WRITER, str(w), str(ack_r), str(n)],
+                pass_fds=(w, ack_r))
             threads[1].join(30)
             stop.set()
             threads[0].join(30)
             writer.wait(30)
             after = _stats()
-            settled = settled_interval(0.02)
+            settled = settled_interval(0.1)
     finally:
         stop.set()
         sys.setswitchinterval(before_interval)
-        os.close(r)
-        os.close(w)
+        for fd in (r, w, ack_r, ack_w):
+            os.close(fd)
     assert ready == [True] and len(lags) == n
     lags.sort()
-    assert lags[n // 2] < 0.008, lags  # broken: each >= 0.02 (the interval)
+    # Generous, not a latency figure (the window is 200 us; a loaded machine adds its own
+    # scheduling delays to some lags): broken, a plain wait for the GIL lasts the whole
+    # interval, so every lag is >= 0.1.
+    assert lags[n // 2] < 0.05, lags
     assert after["fast_windows"] > before["fast_windows"]
     assert after["rewait_errors"] == before["rewait_errors"]
-    assert settled == pytest.approx(0.02)  # closed again, the user's value back
+    assert settled == pytest.approx(0.1)  # closed again, the user's value back
 
 
 @pytest.mark.parametrize("engine", ["native", pytest.param("fallback", marks=pytest.mark.skipif(
