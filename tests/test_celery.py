@@ -26,6 +26,11 @@ from celery_harness import Events, Worker  # noqa: E402
 from redis_server import wait_for_job  # noqa: E402
 
 WAIT = 30  # seconds a test waits for a result at most (a broken build fails, never hangs)
+#: The hard limit a prefork task that overruns it is called with. The child stops the task
+#: hard_margin(limit) before Celery's kill (10 % of the limit, at least 50 ms): the failure
+#: must reach the parent within that margin, which takes hundreds of ms on a loaded
+#: machine. A limit of 4 s leaves 0.4 s; each such call costs 0.9 times the limit.
+PREFORK_LIMIT = 4.0
 ENFORCING = "time limits enforced by timeoutcore"
 
 
@@ -139,8 +144,9 @@ def test_registry_lists_extends_and_cancels_celery_tasks(redis_url: str,
         assert time.monotonic() - sent < 2.0
         assert long.state == "REVOKED"
         events.wait_for(long.id, "task-revoked")
-        # extend: a 0.6 s limit, a 1.2 s body, 2 s more -> it succeeds
-        slow = burn_task.apply_async((1.2,), time_limit=0.6)
+        # extend: a 1.5 s limit (the extension lands before it however slow the machine),
+        # a 2 s body, 2 s more -> it succeeds
+        slow = burn_task.apply_async((2.0,), time_limit=1.5)
         wait_for_job(coordinator, slow.id)
         coordinator.extend(slow.id, 2.0)
         assert slow.get(timeout=WAIT) == "ran to the end"
@@ -163,8 +169,8 @@ def test_prefork_limits_are_enforced_in_the_pool_child(redis_url: str, tmp_path:
         assert app.tasks["t.soft_then_finish"].delay().get(
             timeout=WAIT) == "cleaned up after the soft limit"
         with pytest.raises(TimeLimitExceeded) as info:
-            app.tasks["t.hard"].delay().get(timeout=WAIT)
-        assert info.value.args == (0.5,)
+            app.tasks["t.hard"].apply_async(time_limit=PREFORK_LIMIT).get(timeout=WAIT)
+        assert info.value.args == (PREFORK_LIMIT,)
         assert app.tasks["t.pid"].delay().get(timeout=WAIT) == child
         log = worker.log()
     assert ENFORCING in log and "exited with 'signal 9" not in log, log[-3000:]

@@ -25,6 +25,13 @@ from celery.exceptions import TaskRevokedError, TimeLimitExceeded  # noqa: E402
 from celery_harness import Worker  # noqa: E402
 
 WAIT = 30  # s: the most a result is waited for
+#: The hard limit a task that overruns it is called with under prefork. The child stops the
+#: task hard_margin(limit) before Celery's kill (10 % of the limit, at least 50 ms): the
+#: failure (after killing and reaping the task's processes) must reach the parent within
+#: that margin, which takes hundreds of ms on a loaded machine, or Celery replaces the
+#: child. A limit of 4 s leaves 0.4 s; each such call costs 0.9 times the limit, so the
+#: threads and solo pools (no kill from a parent to race) keep the tasks' own 1 s.
+PREFORK_LIMIT = 4.0
 GRACE = 1.0
 POOLS = ["prefork", "threads", "solo"]
 
@@ -112,7 +119,10 @@ LEFT_BEHIND = [("p.escape", "left a daemon"), ("p.zombie", "left a child")]
 
 
 def _call(worker: Worker, task: str, pidfile: Path, expect: Any) -> Any:
-    result = worker.app.tasks[task].delay(str(pidfile))
+    options: dict[str, Any] = {}
+    if expect is TimeLimitExceeded and getattr(worker, "pool", None) == "prefork":
+        options["time_limit"] = PREFORK_LIMIT
+    result = worker.app.tasks[task].apply_async((str(pidfile),), **options)
     if isinstance(expect, type):
         with pytest.raises(expect):
             result.get(timeout=WAIT)

@@ -107,24 +107,27 @@ def test_list_shows_live_jobs_from_another_process(redis_url: str,
 
 def test_extend_lets_the_job_outlive_its_original_deadline(redis_url: str,
                                                            registry: DeadlineRegistry) -> None:
-    worker = Worker(redis_url, registry.prefix, "ext-a:0.8:1.5:spin")
+    # The extension must reach the worker before its original deadline: a limit of 1.5 s
+    # leaves it over a second however slow the machine; the body runs past that deadline.
+    worker = Worker(redis_url, registry.prefix, "ext-a:1.5:2.0:spin")
     before = wait_for_job(registry, "ext-a")
     left = registry.extend("ext-a", 2.0)
     assert left > before.remaining + 1.5
     after = registry.get("ext-a")
     assert after is not None and after.deadline == pytest.approx(before.deadline + 2.0)
     (result,), _ = worker.results()
-    assert result["status"] == "completed" and result["elapsed"] >= 1.5
+    assert result["status"] == "completed" and result["elapsed"] >= 2.0
 
 
 def test_extend_then_the_extended_deadline_still_holds(redis_url: str,
                                                        registry: DeadlineRegistry) -> None:
-    worker = Worker(redis_url, registry.prefix, "ext-b:0.5:30:sleep")
+    # a limit of 1.5 s: the extension lands before the original deadline on a slow machine too
+    worker = Worker(redis_url, registry.prefix, "ext-b:1.5:30:sleep")
     wait_for_job(registry, "ext-b")
-    registry.extend("ext-b", 0.5)
+    registry.extend("ext-b", 0.3)
     (result,), _ = worker.results()
     assert result["status"] == "timed_out" and result["error"] == "DeadlineExceeded"
-    assert 1.0 <= result["elapsed"] < 1.0 + LATE
+    assert 1.8 <= result["elapsed"] < 1.8 + LATE
 
 
 def test_an_extension_a_resync_applies_counts_from_the_armed_deadline(
@@ -132,13 +135,14 @@ def test_an_extension_a_resync_applies_counts_from_the_armed_deadline(
     # The extension reaches this process only through a resync (what a listener does after
     # (re)subscribing): the script publishes it on a channel nobody reads. The key was
     # written before the scope was armed, so mapping its deadline onto this host's clock
-    # put the extended deadline up to ~0.6 ms early; the extension's seconds do not.
+    # put the extended deadline up to ~0.6 ms early; the extension's seconds do not. The
+    # limit leaves the resync over a second to land before the original deadline.
     other = DeadlineRegistry.from_url(redis_url, prefix=registry.prefix)
     out: dict[str, float] = {}
     armed = threading.Event()
 
     def job() -> None:
-        scope = registry.deadline("resync-ext", 0.3)
+        scope = registry.deadline("resync-ext", 1.2)
         try:
             with scope:
                 armed.set()
@@ -155,7 +159,7 @@ def test_an_extension_a_resync_applies_counts_from_the_armed_deadline(
     registry._resync()
     t.join(10)
     other.close()
-    assert 0.6 <= out["elapsed"] < 0.6 + LATE
+    assert 1.5 <= out["elapsed"] < 1.5 + LATE
 
 
 @pytest.mark.parametrize("kind", ["spin", "sleep"])
@@ -260,12 +264,14 @@ def test_extend_and_cancel_of_unknown_jobs(registry: DeadlineRegistry) -> None:
 
 
 def test_key_expires_after_a_killed_worker(redis_url: str, registry: DeadlineRegistry) -> None:
-    worker = Worker(redis_url, registry.prefix, "killed:0.6:30:spin", margin=0.3)
+    # TTL = limit + margin: long enough that the key is still there once the worker is
+    # killed and reaped, however slow the machine (the test waits for it to expire)
+    worker = Worker(redis_url, registry.prefix, "killed:1.2:30:spin", margin=0.3)
     info = wait_for_job(registry, "killed")
     worker.proc.send_signal(signal.SIGKILL)
     worker.kill()
     ttl = registry.client.pttl(f"{registry.prefix}:job:killed")
-    assert 0 < ttl <= 900
+    assert 0 < ttl <= 1500
     gone_after = wait_gone(registry, "killed", timeout=5.0)
     assert gone_after < info.remaining + 0.3 + 1.0
     assert registry.client.zcard(f"{registry.prefix}:jobs") == 1  # the index entry is stale...
@@ -274,12 +280,13 @@ def test_key_expires_after_a_killed_worker(redis_url: str, registry: DeadlineReg
 
 
 def test_redis_stopped_mid_job(tmp_path: Path) -> None:
-    """The local deadline still holds, later jobs run and are limited, one warning."""
+    """The local deadline still holds, later jobs run and are limited, one warning. A job
+    expected to complete gets a limit far above its body: how fast it runs does not matter."""
     server = RedisServer(tmp_path).start()
     try:
         coordinator = DeadlineRegistry.from_url(server.url, prefix=new_prefix())
         worker = Worker(server.url, coordinator.prefix,
-                        "down-a:1.0:30:sleep", "down-b:0.3:30:spin", "down-c:0.3:0.05:spin")
+                        "down-a:1.0:30:sleep", "down-b:0.3:30:spin", "down-c:2.0:0.05:spin")
         wait_for_job(coordinator, "down-a")
         server.stop()
         results, err = worker.results()
@@ -293,7 +300,7 @@ def test_redis_stopped_mid_job(tmp_path: Path) -> None:
 
 def test_redis_down_from_the_start(tmp_path: Path) -> None:
     server = RedisServer(tmp_path)  # never started: connection refused
-    worker = Worker(server.url, new_prefix(), "none-a:0.3:30:sleep", "none-b:0.3:0.01:spin")
+    worker = Worker(server.url, new_prefix(), "none-a:0.3:30:sleep", "none-b:2.0:0.01:spin")
     results, err = worker.results()
     assert [r["status"] for r in results] == ["timed_out", "completed"]
     assert err.count("registry unavailable") == 1, err
@@ -301,11 +308,14 @@ def test_redis_down_from_the_start(tmp_path: Path) -> None:
 
 def test_in_process_cancel_and_extend_from_other_threads(registry: DeadlineRegistry) -> None:
     coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
-    job = InThread(registry, "inproc", 0.5)
+    # The extension lands well before the original 1.2 s, and the cancel well before the
+    # extended deadline, however slow the machine.
+    job = InThread(registry, "inproc", 1.2)
     wait_for_job(coordinator, "inproc")
-    coordinator.extend("inproc", 1.0)
-    time.sleep(0.7)
-    assert job.thread.is_alive()  # past the original 0.5 s
+    coordinator.extend("inproc", 2.0)
+    while job.scope.elapsed() < 1.4 and job.thread.is_alive():
+        time.sleep(0.01)
+    assert job.thread.is_alive()  # past the original 1.2 s
     assert coordinator.cancel("inproc")
     job.join()
     assert type(job.exc).__name__ == "DeadlineCancelled"
