@@ -200,13 +200,17 @@ def postgres_dsn(tmp_path_factory: Any) -> Iterator[str]:
 
 
 def run_under_trigger(trigger: str, body: Callable[[], Any], at: float,
-                      later: float = 0.0) -> tuple[str, float]:
+                      later: float = 0.0) -> tuple[str, float, float]:
     """Run ``body`` in this thread under a scope stopped by ``trigger`` at ``at`` s after
     entry: "hard" (its deadline), "soft" (a ``soft_raise`` soft limit on a 4 s scope),
     "cancel" (``cancel()`` from another thread), "earlier" (``reschedule`` to ``at`` from
-    another thread at 0.1 s), "later" (a deadline at ``at`` moved to ``later`` at 0.1 s).
-    Returns how the block ended ("hard", "soft", "cancelled" or "returned") and the
-    seconds since entry."""
+    another thread at 0.1 s), "later" (a deadline at ``at`` moved to ``later`` from another
+    thread at 0.05 s: give ``at`` a margin of a second or so over that, or a thread that
+    starts late on a loaded machine finds the deadline already passed).
+    Returns how the block ended ("hard", "soft", "cancelled" or "returned"), the seconds
+    since entry, and the seconds after entry at which the stop was due: ``at`` (``later``
+    for "later"), or later than that when the test's own trigger thread acted late (a
+    loaded machine starts a thread when it can; that delay is not the stop's)."""
     # Collect earlier tests' garbage first: a cyclic collection run inside the block would
     # execute its weakref callbacks (threading's WeakSets) in this thread, where today's
     # asynchronous interrupt may surface and be reported as unraisable (README, "Known
@@ -216,13 +220,22 @@ def run_under_trigger(trigger: str, body: Callable[[], Any], at: float,
     extra: dict[str, Any] = {"soft_limit": at, "soft_raise": True} if trigger == "soft" else {}
     scope = timeoutcore.thread_deadline(hard, **extra)
     start = time.monotonic()
+    acted: list[float] = []  # when the trigger thread acted, seconds after entry
+
+    def act(fn: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            acted.append(time.monotonic() - start)
+            fn()
+
+        return run
+
     timer = None
     if trigger == "cancel":
-        timer = threading.Timer(at, scope.cancel)
+        timer = threading.Timer(at, act(scope.cancel))
     elif trigger == "earlier":
-        timer = threading.Timer(0.1, lambda: scope.reschedule(start + at))
+        timer = threading.Timer(0.1, act(lambda: scope.reschedule(start + at)))
     elif trigger == "later":
-        timer = threading.Timer(0.1, lambda: scope.reschedule(start + later))
+        timer = threading.Timer(0.05, act(lambda: scope.reschedule(start + later)))
     outcome = "returned"
     try:
         with scope:
@@ -239,4 +252,8 @@ def run_under_trigger(trigger: str, body: Callable[[], Any], at: float,
     finally:
         if timer is not None:
             timer.cancel()
-    return outcome, time.monotonic() - start
+    elapsed = time.monotonic() - start
+    due = later if trigger == "later" else at
+    if trigger in ("cancel", "earlier") and acted:
+        due = max(due, acted[0])  # a cancel, or a move to a time already past, stops now
+    return outcome, elapsed, due

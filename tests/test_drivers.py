@@ -9,12 +9,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import pytest
-from conftest import run_under_trigger
+from conftest import burn, run_under_trigger
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded
 from timeoutcore.contrib.db import guard
 
+WAIT = 10.0  # s: the most a block waits for its deadline (a broken build fails, never hangs)
 FOREVER = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
 
@@ -31,8 +32,8 @@ def _stopped(conn: Any, query: Callable[[], Any], trigger: str) -> tuple[str, fl
         with guard(conn):
             query()
 
-    outcome, elapsed = run_under_trigger(trigger, body, 0.2)
-    return outcome, elapsed - 0.2
+    outcome, elapsed, due = run_under_trigger(trigger, body, 0.2)
+    return outcome, elapsed - due
 
 
 WANT = {"hard": "hard", "soft": "soft", "cancel": "cancelled"}
@@ -53,11 +54,12 @@ def test_sqlite_query_stops(trigger: str) -> None:
 
 def test_interrupt_with_is_not_called_after_exit() -> None:
     calls: list[float] = []
-    with timeoutcore.thread_deadline(0.2):
-        with timeoutcore.interrupt_with(lambda: calls.append(time.monotonic())):
-            pass
-        time.sleep(0.05)
-    time.sleep(0.3)
+    with pytest.raises(DeadlineExceeded):
+        with timeoutcore.thread_deadline(0.2):
+            with timeoutcore.interrupt_with(lambda: calls.append(time.monotonic())):
+                pass
+            burn(WAIT)  # the deadline comes here, in the scope, after interrupt_with exited
+    time.sleep(0.3)  # fn would be called on the interrupter thread: give it time to show
     assert calls == []
 
 

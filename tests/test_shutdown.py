@@ -169,8 +169,10 @@ def test_a_stopped_scope_kills_and_reaps_the_children_started_in_it(patched: Non
     """A child the block started and never waited for: the deadline stops the block in
     Python code, and the child and its grandchild die with it."""
     with pytest.raises(DeadlineExceeded):
-        with thread_deadline(0.3):
+        with thread_deadline(WAIT) as scope:
             proc, grandchild = _start_tree()
+            # The tree is up however slowly it started: the deadline now comes while burning.
+            scope.reschedule(time.monotonic() + 0.05)
             burn(60)
     assert proc.returncode == -signal.SIGKILL  # killed and reaped at the scope's exit
     assert _wait_gone(grandchild)
@@ -191,8 +193,9 @@ def test_an_inner_scope_that_stops_kills_its_children_and_the_outer_one_goes_on(
     with pytest.raises(DeadlineCancelled):
         with thread_deadline(30) as outer:
             with pytest.raises(DeadlineExceeded):
-                with thread_deadline(0.2):
+                with thread_deadline(WAIT) as inner:
                     proc, grandchild = _start_tree()
+                    inner.reschedule(time.monotonic() + 0.05)  # the tree is up: stop soon
                     burn(60)
             assert proc.returncode == -signal.SIGKILL and _wait_gone(grandchild)
             later, later_grandchild = _start_tree()  # the outer scope owns this one
@@ -252,8 +255,11 @@ def test_executor_shutdown_without_waiting_cancels_from_a_helper_thread() -> Non
     fut = pool.submit(burn, 60)
     time.sleep(0.05)
     start = time.monotonic()
-    pool.shutdown(wait=False, cancel_after=0.2)
-    assert time.monotonic() - start < 0.1
+    pool.shutdown(wait=False, cancel_after=1.0)
+    # Returned before the grace ended (a shutdown that waited for it would take a second),
+    # and the task still runs: the cancel is the helper thread's, at the end of the grace.
+    assert time.monotonic() - start < 1.0
+    assert not fut.done()
     assert isinstance(fut.exception(WAIT), DeadlineCancelled)
 
 
@@ -303,6 +309,11 @@ WORKER = textwrap.dedent("""
     pool = DeadlineExecutor(4)
     futures = {"tree": pool.submit(tree), "spin": pool.submit(spin),
                "sleep": pool.submit(time.sleep, 60), "short": pool.submit(short)}
+    # "ready" once the short task has ended and the three others run in their blocks (not
+    # at some time that is usually enough): the signal must find exactly those three.
+    futures["short"].result(10)
+    while len(timeoutcore.active_scopes()) < 3:
+        time.sleep(0.01)
     say("ready")
     try:
         handler.requested.wait()
@@ -347,8 +358,7 @@ def _run_worker(tmp_path: Path, grace: float, signals: int = 1,
     proc = subprocess.Popen([sys.executable, str(script), str(grace), exit_code],
                             stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
-        lines = _read_until_ready(proc)
-        time.sleep(0.3)  # the short task has ended; the others run
+        lines = _read_until_ready(proc)  # the short task has ended; the others run
         start = time.monotonic()
         for _ in range(signals):
             proc.send_signal(signal.SIGTERM)

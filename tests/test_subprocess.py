@@ -7,8 +7,10 @@ import ctypes
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +23,25 @@ from timeoutcore.subprocess import __all__ as subprocess_all
 from timeoutcore.subprocess import DEFAULT_GRACE, RunResult, run
 
 PY = sys.executable
+WAIT = 10.0  # s: the most a test waits for what it needs (a broken build fails, never hangs)
 
 # The child ignores SIGTERM, starts a grandchild that ignores it too (an ignored signal stays
 # ignored across fork and exec), prints the grandchild's pid and waits; only SIGKILL to the
-# whole tree ends them. A shell starts in a millisecond, so the limits can be short.
+# whole tree ends them. A shell starts in a millisecond, but on a loaded machine the hard
+# limit still gives it a second to get to its echo.
 TREE = ["sh", "-c", 'trap "" TERM; sleep 60 & echo $!; sleep 60']
+
+
+@contextmanager
+def _children_ignore_sigterm() -> Iterator[None]:
+    """Children started meanwhile ignore SIGTERM from their first instruction on (inherited
+    across fork and exec, as the trap's is): a soft limit's SIGTERM that comes before the
+    shell has run its ``trap`` cannot kill it. (This process ignores it meanwhile too.)"""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -104,7 +120,8 @@ def test_hard_limit_kills() -> None:
 
 
 def test_grace_then_kill() -> None:
-    r = run(TREE, soft=0.3, hard=10, grace=0.3)
+    with _children_ignore_sigterm():
+        r = run(TREE, soft=0.3, hard=10, grace=0.3)
     assert r.status == "timed_out" and r.signal == signal.SIGKILL
     assert 0.6 <= r.elapsed < 0.6 + LATE
 
@@ -113,10 +130,11 @@ def test_tree_killed_at_the_hard_limit(subreaper: None) -> None:
     """Child and grandchild both ignore SIGTERM: SIGKILL at the hard limit ends both, both
     are reaped (checked by PID), nothing is left in the session."""
     t0 = time.monotonic()
-    r = run(TREE, soft=0.3, hard=0.8, grace=5)
+    with _children_ignore_sigterm():
+        r = run(TREE, soft=0.3, hard=1.0, grace=5)
     took = time.monotonic() - t0
     assert r.status == "timed_out" and r.signal == signal.SIGKILL
-    assert 0.8 <= r.elapsed < 0.8 + LATE and took < 0.8 + 2 * LATE
+    assert 1.0 <= r.elapsed < 1.0 + LATE and took < 1.0 + 2 * LATE
     grandchild = int(r.stdout_tail.split()[0])
     assert r.pid is not None
     for pid in (r.pid, grandchild):
@@ -128,7 +146,7 @@ def test_tree_killed_at_the_hard_limit(subreaper: None) -> None:
 def test_tree_killed_without_being_the_reaper() -> None:
     """Not a subreaper: the orphaned grandchild goes to init. It is dead, and it is not
     this process's zombie; the child itself is reaped."""
-    r = run(TREE, hard=0.5)
+    r = run(TREE, hard=1.0)
     assert r.status == "timed_out"
     grandchild = int(r.stdout_tail.split()[0])
     assert r.pid is not None and _gone(r.pid)
@@ -231,16 +249,28 @@ def test_scope_deadline_ends_run_and_reaps_the_tree(subreaper: None, tmp_path: P
     box: dict[str, Any] = {}
 
     def body() -> Any:
-        scope = thread_deadline(0.8)
-        t0 = time.monotonic()
+        scope = thread_deadline(WAIT)
+
+        def stop_once_the_tree_is_up() -> None:
+            # The deadline comes once the shell has written both pids (however long it took
+            # to start), while run() waits for the tree.
+            end = time.monotonic() + WAIT
+            while time.monotonic() < end:
+                if pids.exists() and pids.read_text().endswith("\n"):
+                    break
+                time.sleep(0.01)
+            box["stop"] = time.monotonic() + 0.05
+            scope.reschedule(box["stop"])
+
+        threading.Thread(target=stop_once_the_tree_is_up, daemon=True).start()
         with pytest.raises(DeadlineExceeded):
             with scope:
                 box["result"] = run(["sh", "-c", script], hard=30)
-        return time.monotonic() - t0, scope
+        return time.monotonic(), scope
 
-    took, scope = in_thread(body)
+    ended, scope = in_thread(body)
     assert "result" not in box
-    assert 0.8 <= took < 0.8 + LATE
+    assert 0 <= ended - box["stop"] < LATE
     assert scope.overshoot < LATE
     child, grandchild = map(int, pids.read_text().split())
     for pid in (child, grandchild):
