@@ -110,6 +110,7 @@ def test_limits_given_at_call_time_and_app_wide(redis_url: str, tmp_path: Path) 
         assert burn_task.apply_async((0.05,), time_limit=2).get(timeout=WAIT) == "ran to the end"
 
 
+@pytest.mark.once  # Celery's own behaviour, without timeoutcore
 def test_without_install_the_threads_pool_ignores_time_limits(redis_url: str,
                                                               tmp_path: Path) -> None:
     """Why this module exists: Celery's threads pool accepts the limits and ignores them."""

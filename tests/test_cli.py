@@ -170,6 +170,8 @@ def _peer_installed(name: str) -> bool:
     return True
 
 
+# A quick bench run takes ~15 s; what these tests read (its output formats, that every method
+# ran) does not depend on the interpreter: they run once in CI, in the README suite.
 @pytest.fixture(scope="module")
 def quick_bench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One ``bench --quick --json [--plot]`` run shared by the tests that read its output."""
@@ -181,6 +183,7 @@ def quick_bench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"proc": proc, "wall": wall, "json": tmp / "summary.json", "plot": tmp / "plot.png"}
 
 
+@pytest.mark.once
 @needs_harness
 def test_bench_quick_finishes_in_under_a_minute(quick_bench: dict[str, Any]) -> None:
     proc = quick_bench["proc"]
@@ -189,6 +192,7 @@ def test_bench_quick_finishes_in_under_a_minute(quick_bench: dict[str, Any]) -> 
     assert quick_bench["wall"] < 60
 
 
+@pytest.mark.once
 @needs_harness
 def test_bench_quick_prints_the_side_by_side_table(quick_bench: dict[str, Any]) -> None:
     out = quick_bench["proc"].stdout
@@ -201,6 +205,7 @@ def test_bench_quick_prints_the_side_by_side_table(quick_bench: dict[str, Any]) 
     assert "[1/" in quick_bench["proc"].stderr  # progress went to stderr
 
 
+@pytest.mark.once
 @needs_harness
 def test_bench_quick_json_has_every_method(quick_bench: dict[str, Any]) -> None:
     summary = orjson.loads(quick_bench["json"].read_bytes())
@@ -228,6 +233,7 @@ def test_bench_quick_json_has_every_method(quick_bench: dict[str, Any]) -> None:
         assert any(r["method"] == key for r in summary["throughput"])
 
 
+@pytest.mark.once
 @needs_harness
 def test_bench_quick_timeoutcore_stops_every_workload(quick_bench: dict[str, Any]) -> None:
     summary = orjson.loads(quick_bench["json"].read_bytes())
@@ -242,6 +248,7 @@ def test_bench_quick_timeoutcore_stops_every_workload(quick_bench: dict[str, Any
 
 
 @needs_harness
+@pytest.mark.once
 @pytest.mark.skipif(not _peer_installed("matplotlib"), reason="matplotlib is not installed")
 def test_bench_plot_is_a_png(quick_bench: dict[str, Any]) -> None:
     assert quick_bench["plot"].read_bytes()[:8] == PNG_SIGNATURE

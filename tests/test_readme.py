@@ -12,6 +12,9 @@ import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
+# Documentation examples: what they exercise is tested on every interpreter elsewhere.
+pytestmark = pytest.mark.once
+
 
 def test_feature_example_runs(tmp_path: Path) -> None:
     if not README.exists():  # tests copied out of the source tree to test an installed wheel
