@@ -410,7 +410,7 @@ static struct {
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
         pending_handovers, watch_sleeps, remote_cancels, remote_relays, exit_lingers, pins, rescues,
-        tracer_sleeps, tracer_alarms, back_waits;
+        tracer_sleeps, tracer_alarms, back_waits, exit_expiries;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

@@ -804,6 +804,7 @@ void tc_get_stats(struct tc_stats *o)
     o->tracer_sleeps = atomic_load(&g_st.tracer_sleeps);
     o->tracer_alarms = atomic_load(&g_st.tracer_alarms);
     o->back_waits = atomic_load(&g_st.back_waits);
+    o->exit_expiries = atomic_load(&g_st.exit_expiries);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

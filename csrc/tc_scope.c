@@ -440,6 +440,22 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
          * the watchdog armed ahead goes (tc_deliver.c: pre-armed slots) */
         (void)deliver_cancel(s);
     }
+    if (s->fired == NULL && sc->deadline <= now && atomic_load(&s->shield) == 0 &&
+        (s->top == NULL || stack_due(s->top, now) == NULL)) {
+        /* The backstop: a block still running when its deadline passed ends
+         * expired, even if nobody fired it -- the watchdog or the self-fire
+         * may reach the thread only after this exit (a C call that held the
+         * GIL to the block's end, next to a busy thread).  Marked fired
+         * here, it is claimed below as any fire that met the exit.  Not
+         * inside a shield (what a shield holds, nothing fires), and not when
+         * an enclosing scope is due too: that one fires below, the outermost
+         * due scope first, as everywhere. */
+        s->fired = self;
+        sc->expired = 1;
+        sc->fired_at = now;
+        atomic_store(&s->state, SLOT_INJECTED);
+        STAT_INC(exit_expiries);
+    }
     if (s->fired == self) {
         claimed = 1;
         slot_claim(s);
@@ -498,8 +514,8 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
         PyObject *r = NULL;
         if (sc->raise_on_timeout)
             raise_exceeded(self, in_flight, prepared);
-        else
-            r = Py_NewRef(Py_True);
+        else /* abandon silently: swallow our interrupt, never the block's own error */
+            r = Py_NewRef(exc_type == Py_None || in_flight ? Py_True : Py_False);
         /* Last, and not at once: the exception's construction runs Python,
          * and so does the caller up to its handler; a thread that gives the
          * GIL away there (a waiter's drop request) must get it back within

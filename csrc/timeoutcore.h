@@ -167,6 +167,9 @@ struct tc_stats {
     uint64_t back_waits;       /* 3.12+: deadlines due while their thread
                                   was off the GIL, left for it to fire
                                   itself once back (tc_watchdog.c)       */
+    uint64_t exit_expiries;    /* blocks whose deadline had passed at their
+                                  exit with no fire: expired there, the
+                                  backstop (tc_scope.c)                  */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules
