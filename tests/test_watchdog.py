@@ -246,25 +246,40 @@ def critical():
     # Protected: the deadline's interrupt waits here, so the window stays open (until
     # 20 ms after the fire) while this thread looks for it and forks inside it. The
     # deadline is set from in here, so it cannot pass before this thread is in.
-    timeoutcore.current_scope().reschedule(time.monotonic() + 0.01)
-    give_up = time.monotonic() + 5
+    due = time.monotonic() + 0.01
+    timeoutcore.current_scope().reschedule(due)
+    give_up = due + 0.5  # long after the window closed: this trial saw nothing
     while sys.getswitchinterval() > 0.001 and time.monotonic() < give_up:
         pass
     opened = sys.getswitchinterval()
+    if opened > 0.001:
+        return None  # descheduled for the whole window (a loaded machine)
     pid = os.fork()
     if pid == 0:
         os.write(w, repr(sys.getswitchinterval()).encode())
         os._exit(0)
     os.waitpid(pid, 0)
     return opened
-try:
-    with timeoutcore.thread_deadline(10):
-        opened = critical()
-        while True:
-            pass
-except timeoutcore.DeadlineExceeded:
-    pass
-print(opened, float(os.read(r, 100)))
+def spin():
+    while True:
+        pass
+opened = None
+# A trial whose thread was not scheduled while the window was open shows nothing: the
+# trials go on until one saw it open and forked in it. The cap: a window that never
+# opens fails, never hangs.
+for trial in range(50):
+    give_up = time.monotonic() + 2  # the last trial's window closes first
+    while sys.getswitchinterval() != 0.005 and time.monotonic() < give_up:
+        time.sleep(0.001)
+    try:
+        with timeoutcore.thread_deadline(10):
+            opened = critical()
+            spin()
+    except timeoutcore.DeadlineExceeded:
+        pass
+    if opened is not None:
+        break
+print(opened, float(os.read(r, 100)) if opened is not None else "never")
 """
 
 
@@ -275,8 +290,9 @@ def test_a_child_forked_inside_the_window_gets_the_users_interval(tmp_path: Path
     # from a scratch folder: `-c` puts the current directory first on sys.path, and the
     # source tree has no build for this interpreter (nox installs the package)
     p = subprocess.run([sys.executable, "-c", FORK_IN_WINDOW], capture_output=True, text=True,
-                       timeout=60, cwd=tmp_path)
+                       timeout=120, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
+    assert "never" not in p.stdout, "no trial saw the window open"  # broken: no window
     opened, child = (float(x) for x in p.stdout.split())
     assert opened == pytest.approx(200e-6)  # the window was open in the parent
     assert child == pytest.approx(0.005)  # the watchdog closed it before the fork
@@ -292,9 +308,12 @@ def test_a_prearmed_thread_fires_its_own_deadline() -> None:
     """Ahead of the deadline the watchdog arms the hook and lets the thread run on; the
     thread fires the deadline itself at its first line past it, waiting neither for the
     watchdog nor for the GIL. (A watchdog late on a loaded machine fires the usual way;
-    one trial in twenty that fires itself shows the path works.)"""
+    one trial that fires itself shows the path works: the trials go on until one has.)"""
     before = _stats()
-    for _ in range(20):
+    trials = 0
+    # The cap: a pre-armed thread that never fires itself fails, never hangs.
+    while trials < 20 or (_stats()["self_fires"] == before["self_fires"] and trials < 100):
+        trials += 1
         scope = timeoutcore.thread_deadline(0.03)
         with pytest.raises(DeadlineExceeded):
             with scope:
@@ -357,7 +376,12 @@ def test_the_watchdog_never_spins_on_the_watched_threads_cpu() -> None:
     def pinned() -> list[float]:
         os.sched_setaffinity(0, {cpu})
         lates = []
-        for _ in range(10):
+        # A trial whose watchdog was not on this CPU at its deadline (it ran elsewhere
+        # before the pin took, or the thread was off the GIL: a loaded machine) shows
+        # nothing: the trials go on until one slept. The cap: a watchdog that never
+        # sleeps there fails, never hangs.
+        while len(lates) < 10 or (_stats()["watch_sleeps"] == before["watch_sleeps"]
+                                  and len(lates) < 60):
             scope = timeoutcore.thread_deadline(0.02)
             with pytest.raises(DeadlineExceeded):
                 with scope:
@@ -415,19 +439,28 @@ def test_a_loop_written_in_the_block_itself_is_stopped_and_its_exits_run(shape: 
     CPython's at the jump's target there: csrc/tc_compat.h, tc_back_edge_test); 3.13+,
     where it would be the jump's own and skip the exits (cpython#130279), the self-fire
     hands the loop to the hook at once (pending_handovers) instead of declining check
-    after check first (0.1-0.5 ms). One trial in ten on the path shows it."""
+    after check first (0.1-0.5 ms). One trial on the path shows it: a trial that lost the
+    GIL before its deadline (a loaded machine) is fired the usual way, so the trials go on
+    until one took the path."""
     before = _stats()
-    for _ in range(10):
+    if SELF_FIRE and sys.version_info < (3, 13):
+        path = "pending_raises"
+    elif SELF_FIRE and (shape == "for-break" or sys.version_info < (3, 14)):
+        path = "pending_handovers"
+    else:
+        path = None  # nothing to wait for: the exits and the overshoot are the point
+    trials = 0
+    # The cap: a loop never stopped on the path fails, never hangs.
+    while trials < 10 or (path and _stats()[path] == before[path] and trials < 100):
+        trials += 1
         scope, exits = timeoutcore.thread_deadline(0.03), _Exits()
         with pytest.raises(DeadlineExceeded):
             _loop_inline(scope, exits, shape)
         assert exits.count == 1
         assert scope.overshoot is not None and scope.overshoot < LATE
     after = _stats()
-    if SELF_FIRE and sys.version_info < (3, 13):
-        assert after["pending_raises"] > before["pending_raises"], (before, after)
-    elif SELF_FIRE and (shape == "for-break" or sys.version_info < (3, 14)):
-        assert after["pending_handovers"] > before["pending_handovers"], (before, after)
+    if path:
+        assert after[path] > before[path], (trials, before, after)
     assert after["hooked_now"] == 0
 
 
@@ -612,16 +645,35 @@ def test_a_sleeping_tracers_alarm_follows_a_reschedule_and_a_cancel() -> None:
     assert _stats()["hooked_now"] == 0
 
 
+def _prepared_by_deadline(scope: timeoutcore.DeadlineScope) -> bool:
+    """Spin until the watchdog has prepared the scope's exception (True) or its deadline
+    has passed (False). The loop lives in its own frame on purpose (conftest.burn,
+    cpython#130279): the deadline may be raised at its back-edge."""
+    due = scope.when()
+    while scope._prepared is None:
+        if time.monotonic() >= due:
+            return False
+    return True
+
+
 def test_the_watchdog_prepares_the_exception_and_the_exit_takes_its_figures_again() -> None:
     """Ahead of a deadline the watchdog builds the scope's DeadlineExceeded (built at the
     exit, after a long spin, its code is cold); the exit runs its constructor again, so the
     block gets what a new one says of the exited scope, never the figures of the moment it
-    was prepared. (Free-threaded it is not prepared, and the exit builds it.)"""
+    was prepared. (Free-threaded it is not prepared, and the exit builds it.)
+    A watchdog that did not get to prepare before the deadline (a loaded machine) leaves
+    a trial that shows only the exit's own exception: the trials go on until a few were
+    prepared ahead of their deadline."""
     before = _stats()
-    for _ in range(5):
+    wanted = 0 if FREE_THREADED else 3
+    prepared = trials = 0
+    # The cap: a watchdog that never prepares fails, never hangs.
+    while (prepared < wanted or trials < 5) and trials < 100:
+        trials += 1
         scope = timeoutcore.thread_deadline(0.03, label="prepared")
         with pytest.raises(DeadlineExceeded) as info:
             with scope:
+                prepared += _prepared_by_deadline(scope)
                 burn(5)
         e, fresh = info.value, DeadlineExceeded(scope)
         assert type(e) is DeadlineExceeded and e.scope is scope
@@ -630,8 +682,9 @@ def test_the_watchdog_prepares_the_exception_and_the_exit_takes_its_figures_agai
         assert scope._prepared is None  # taken by the exit
     after = _stats()
     if FREE_THREADED:  # it never prepares there (csrc/tc_watchdog.c: wd_main)
-        assert after["prepared"] == before["prepared"], (before, after)
+        assert prepared == 0 and after["prepared"] == before["prepared"], (before, after)
     else:
+        assert prepared >= wanted, (trials, prepared)
         assert after["prepared"] > before["prepared"], (before, after)
 
 
@@ -641,29 +694,29 @@ def test_a_prepared_exception_follows_a_reschedule_and_a_cancel() -> None:
     deadline; and a scope found cancelled at its exit gets a DeadlineCancelled, never the
     prepared DeadlineExceeded -- the state a cancel() leaves when it meets the exit between
     setting its flag and its reschedule, set here by hand. (A trial whose deadline comes
-    before the prepare is seen, on a loaded machine, proves nothing and is not counted.)"""
-    dropped = reported = 0
-    for trial in range(60):
+    before the prepare is seen, on a loaded machine, proves nothing and is not counted:
+    the trials go on until enough of each kind were.)"""
+    dropped = reported = trials = 0
+    # The cap: a prepare that is never dropped, or a cancel never reported, fails, never hangs.
+    while (reported < 5 or dropped < 5) and trials < 400:
+        trials += 1
         scope = timeoutcore.thread_deadline(0.02)
         scope_any: Any = scope
         try:
             with scope:
-                while scope._prepared is None:
-                    pass
-                if trial % 2:
-                    scope.reschedule(time.monotonic() + 0.02)
-                    dropped += scope._prepared is None
-                    scope.reschedule(time.monotonic())  # fire now
-                else:
-                    scope_any._cancelled = True
+                if _prepared_by_deadline(scope):
+                    if trials % 2:
+                        scope.reschedule(time.monotonic() + 0.02)
+                        dropped += scope._prepared is None
+                        scope.reschedule(time.monotonic())  # fire now
+                    else:
+                        scope_any._cancelled = True
                 burn(5)
         except DeadlineExceeded as e:
             if getattr(scope, "_cancelled", False):
                 assert type(e) is timeoutcore.DeadlineCancelled, type(e)
                 reported += 1
-        if reported >= 5 and dropped >= 5:
-            break
-    assert reported >= 5 and dropped >= 5, (dropped, reported)
+    assert reported >= 5 and dropped >= 5, (trials, dropped, reported)
 
 
 def _slice_ns(tid: int) -> int | None:
@@ -828,29 +881,37 @@ def test_wait_readable_says_whether_the_fd_is_ready(engine: str) -> None:
         os.close(w)
 
 
+class _SpinningThreads:
+    """``n`` threads that spin in Python for as long as the block lasts."""
+
+    def __init__(self, n: int) -> None:
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.spin) for _ in range(n)]
+
+    def spin(self) -> None:
+        while not self.stop.is_set():
+            pass
+
+    def __enter__(self) -> None:
+        for t in self.threads:
+            t.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
 def _crowded(trials: int) -> tuple[dict[str, int], dict[str, int]]:
     """``trials`` 20 ms deadlines on a CPU loop next to 3 spinning threads; the counters
     before and after."""
-    stop = threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            pass
-
-    hogs = [threading.Thread(target=spin) for _ in range(3)]
-    for t in hogs:
-        t.start()
-    try:
+    with _SpinningThreads(3):
         before = _stats()
         for _ in range(trials):
             with pytest.raises(DeadlineExceeded):
                 with timeoutcore.thread_deadline(0.02):
                     burn(5)
         after = _stats()
-    finally:
-        stop.set()
-        for t in hogs:
-            t.join()
     assert after["fires"] - before["fires"] >= trials
     return before, after
 
@@ -886,13 +947,34 @@ def test_a_crowded_process_leaves_a_thread_off_the_gil_to_fire_itself() -> None:
     events slow every thread while the fired one waits for its turn: it kicks the thread,
     opens the fast window for it and waits for it to hold the GIL again, and the thread
     fires itself (csrc/tc_watchdog.c: wd_watch, "Off the GIL"). A thread not back within
-    5 ms is fired the usual way, so on a loaded machine some are: most are not."""
-    before, after = _crowded(40)
-    fires = after["fires"] - before["fires"]
-    outside = sum(after[k] - before[k] for k in ("gil_holds", "hook_raises", "direct_raises"))
+    5 ms is fired the usual way (csrc/tc_internal.h: TC_WATCH_BACK_NS), as it should: on
+    a loaded machine many are, so only the trials that ended within those 5 ms of their
+    deadline are judged, and the trials go on until enough did."""
+    outside_keys = ("gil_holds", "hook_raises", "direct_raises")
+    wanted, back_in_time, fired_outside, trials = 20, 0, 0, 0
+    with _SpinningThreads(3):
+        before = _stats()
+        # The cap: a watchdog that never leaves the thread to fire itself fails, never hangs.
+        while back_in_time < wanted and trials < 300:
+            trials += 1
+            was = _stats()
+            scope = timeoutcore.thread_deadline(0.02)
+            with pytest.raises(DeadlineExceeded):
+                with scope:
+                    burn(5)
+            now = _stats()
+            assert now["fires"] > was["fires"]
+            assert scope.overshoot is not None
+            if scope.overshoot >= 0.005:  # not back in time: the usual way is right here
+                continue
+            back_in_time += 1
+            fired_outside += any(now[k] > was[k] for k in outside_keys)
+        after = _stats()
+    assert back_in_time >= wanted, (trials, back_in_time)
     assert after["back_waits"] > before["back_waits"], (before, after)
     assert after["pending_raises"] > before["pending_raises"], (before, after)
-    assert outside < fires / 2, (before, after)  # broken: ~3 in 4 fired from outside
+    # broken: ~3 in 4 fired from outside, at once (the watchdog took the GIL ahead)
+    assert fired_outside < back_in_time / 2, (trials, back_in_time, fired_outside)
 
 
 #: A real-time CPU hog for the starved-watchdog test: pins itself to the CPU given, switches
@@ -981,5 +1063,11 @@ def test_a_watchdog_starved_of_its_cpu_is_moved_to_the_guarded_threads() -> None
             pass
     after = _native.stats()
     assert len(late) == 20, late  # each deadline fired within the 0.5 s loop
-    assert max(late) < 0.2, sorted(late)
+    # A bound that only separates working from broken, not a latency figure: the guarded
+    # thread shares its CPU with whatever else runs there, and on a loaded machine a
+    # rescued deadline can land a few hundred ms late. Broken (no rescue), each deadline
+    # waits for the hog's real-time throttling, up to ~0.95 s away at a random point of
+    # its 1 s period: past 0.4 s in most trials, and past 0.5 s (no fire within the loop:
+    # the count above) in about half of them.
+    assert max(late) < 0.4, sorted(late)
     assert after["rescues"] > before["rescues"], (before, after)
