@@ -206,7 +206,12 @@ def run(tasks: int, workers: int, switch: float | None, seed: int) -> dict[str, 
     if switch is not None:
         sys.setswitchinterval(switch)
     s = Shared()
-    counts = {"fired": 0, "inside": 0, "at_exit": 0, "completed": 0, "other_errors": 0}
+    # "inside": the interrupt surfaced in the body; "at_exit": fired, claimed at the exit
+    # before it surfaced; "expired_at_exit": nobody fired, the exit found the deadline passed
+    # (the backstop: its expiry time is its exit time). "fired" counts the first two.
+    counts = {"fired": 0, "inside": 0, "at_exit": 0, "expired_at_exit": 0, "completed": 0,
+              "other_errors": 0}
+    exit_late: list[float] = []  # how long after its deadline each backstop expiry exited
     counts_lock = threading.Lock()
     errors: list[str] = []
 
@@ -224,7 +229,15 @@ def run(tasks: int, workers: int, switch: float | None, seed: int) -> dict[str, 
                 body(s, rnd, i)
         except DeadlineExceeded as exc:
             # Delivered inside the body: the scope's exit saw the internal interrupt.
-            outcome = "inside" if isinstance(exc.__context__, _DeadlineInterrupt) else "at_exit"
+            if isinstance(exc.__context__, _DeadlineInterrupt):
+                outcome = "inside"
+            elif scope.expired_at is not None and scope.expired_at == scope.exited_at:
+                outcome = "expired_at_exit"
+                late = scope.exited_at - scope.when()  # type: ignore[operator]
+                with counts_lock:
+                    exit_late.append(late)
+            else:
+                outcome = "at_exit"
             if isinstance(exc, timeoutcore.DeadlineCancelled):
                 with counts_lock:
                     counts["cancelled"] += 1
@@ -246,7 +259,11 @@ def run(tasks: int, workers: int, switch: float | None, seed: int) -> dict[str, 
     elapsed = time.monotonic() - t0
     if remote is not None:
         remote.close()
-    return {"counts": counts, "broken": errors[:20] + check(s), "elapsed": round(elapsed, 3)}
+    exit_late.sort()
+    late_ms = {f"p{q}": round(exit_late[min(len(exit_late) - 1, len(exit_late) * q // 100)] * 1e3,
+                              3) for q in (50, 99, 100)} if exit_late else {}
+    return {"counts": counts, "broken": errors[:20] + check(s), "elapsed": round(elapsed, 3),
+            "expired_at_exit_late_ms": late_ms}
 
 
 def _free(lock: Any) -> bool:

@@ -58,7 +58,9 @@ def test_hammer_breaks_nothing(switch: str | None, seed: int) -> None:
     assert result["broken"] == [], result
     assert counts["other_errors"] == 0, result
     assert counts["fired"] > 0, result
-    # Most deadlines land inside the body (a broken hook: none do). Free-threaded, the hook
+    # Most fired deadlines land inside the body (a broken hook: none do); the deadlines
+    # nobody fired before the exit, which the exit itself expires, are counted apart
+    # ("expired_at_exit") and are not in the ratio. Free-threaded, the hook
     # is armed by a stop of the world (ms on a loaded machine), so more short bodies finish
     # first and are claimed at their exit: 0.89-0.9 measured there, 0.99+ with a GIL.
     assert counts["inside"] / counts["fired"] >= (0.75 if FREE_THREADED else 0.9), result
