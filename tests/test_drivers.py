@@ -48,7 +48,7 @@ def test_sqlite_query_stops(trigger: str) -> None:
 
     outcome, late, after = _in_worker(job)
     assert outcome == WANT[trigger]
-    assert late < 0.3, late  # ~ms; broken: the query runs for ever
+    assert late < 2.0, late  # a bound (~ms unloaded); broken: the query runs for ever
     assert after == [(1,)]
 
 
@@ -106,5 +106,8 @@ def test_postgres_query_stops(driver: str, trigger: str, postgres_dsn: str) -> N
 
     outcome, late, row = _in_worker(job)
     assert outcome == WANT[trigger]
-    assert late < 0.5, late  # ~100 ms budget, generous on a loaded machine; broken: 10 s
+    # a bound, not a latency figure (benchmarks/bench_drivers.py measures that): the cancel
+    # request's round trip to the server takes whole scheduler turns on a loaded machine
+    # (0.64 s once, next to two spinning processes); broken, the query runs its 10 s
+    assert late < 2.0, late
     assert row[0] == 1
