@@ -99,26 +99,26 @@ def test_help_everywhere(tmp_path: Path, command: list[str]) -> None:
 
 
 def test_demo_prints_json_lines_and_stops_the_overrunning_tasks(tmp_path: Path) -> None:
-    # What the demo promises: the overrunning tasks are stopped at the hard limit and no
-    # other task is stopped. The limit is 1 s rather than the default 0.25 s so that "not
-    # stopped" holds however slowly a loaded machine runs the short tasks: they end 0.8 s (and
-    # the soft-only ones 0.25 s) before their hard limit. Whether a short task passes its soft
-    # limit depends on that speed, so it is not asserted.
-    proc = tc("demo", "--tasks", "8", "--limit", "1", cwd=tmp_path)
+    # What the demo promises: the overrunning tasks are stopped at the hard limit and the
+    # short ones are not. The limit is 2 s rather than the default 0.25 s so that this holds
+    # however slowly a loaded machine runs the short tasks: they end 1.6 s before their hard
+    # limit. Whether a short task passes its soft limit, and whether a soft-only task (0.5 s
+    # to spare) ends before its hard limit, depend on that speed and are not asserted.
+    proc = tc("demo", "--tasks", "8", "--limit", "2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
     tasks = [orjson.loads(line) for line in lines]
     assert [t["task"] for t in tasks] == list(range(8))
     assert {t["status"] for t in tasks if t["task"] % 4 == 0} == {"timed_out"}
-    # stopped at the limit, not when the work would have ended (4 s): the demo's workloads
+    # stopped at the limit, not when the work would have ended (8 s): the demo's workloads
     # are not protected library code (timeoutcore.cli is exempt, see protect.py)
     assert all(t["overshoot"] < LATE and not t["deferred"] for t in tasks if t["task"] % 4 == 0)
-    # a soft-only task works 0.75 s: past its 0.5 s soft limit whatever the machine's load
-    assert {t["status"] for t in tasks if t["task"] % 4 == 2} == {"soft_exceeded"}
+    # a soft-only task works 1.5 s: past its 1 s soft limit whatever the load (the warning)
+    assert {t["status"] for t in tasks if t["task"] % 4 == 2} <= {"soft_exceeded", "timed_out"}
     assert {t["status"] for t in tasks if t["task"] % 2} <= {"completed", "soft_exceeded"}
-    assert all(t["limit"] == pytest.approx(1.0) for t in tasks)
-    assert all(t["soft_limit"] == pytest.approx(0.5) for t in tasks)
-    assert "soft limit passed" in proc.stdout
+    assert all(t["limit"] == pytest.approx(2.0) for t in tasks)
+    assert all(t["soft_limit"] == pytest.approx(1.0) for t in tasks)
+    assert "soft limit passed: label='task-2'" in proc.stdout
     assert "signal.alarm in a pool thread: ValueError" in proc.stdout
 
 

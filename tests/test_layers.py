@@ -6,6 +6,7 @@ import ast
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,11 @@ HEAVY = ("pydantic", "orjson", "logging", "ssl")
 
 def _python(code: str, engine: str = "auto") -> None:
     env = dict(os.environ, TIMEOUTCORE_ENGINE=engine)
+    # From a scratch folder: `-c` puts the current directory first on sys.path, and the
+    # source tree has no build for this interpreter where nox installs the package (with a
+    # GIL "auto" then quietly tested the fallback engine; free-threaded, it failed).
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=60)
+                          text=True, timeout=60, cwd=tempfile.gettempdir())
     assert proc.returncode == 0, proc.stderr
 
 

@@ -316,7 +316,11 @@ WORKER = textwrap.dedent("""
         time.sleep(0.01)
     say("ready")
     try:
-        handler.requested.wait()
+        # Woken now and then: a SIGTERM the kernel hands to another thread does not wake a
+        # main thread already asleep in the wait (its handler runs at the next wake; seen
+        # on 3.14t when the signal came right after "ready").
+        while not handler.requested.wait(0.1):
+            pass
         say("requested")
         handler.done.wait()
     finally:
@@ -359,6 +363,12 @@ def _run_worker(tmp_path: Path, grace: float, signals: int = 1,
                             stdout=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         lines = _read_until_ready(proc)  # the short task has ended; the others run
+        # Not for the tasks (the worker says "ready" once they are where they must be): on
+        # 3.14t a SIGTERM sent the moment "ready" is read can go unhandled until a later
+        # wake of the main thread (seen: two signals back to back left the worker hanging
+        # for good); a main thread already asleep in its wait takes them. Not understood
+        # yet: see the open issue on lost deadlines and signals.
+        time.sleep(0.3)
         start = time.monotonic()
         for _ in range(signals):
             proc.send_signal(signal.SIGTERM)
