@@ -211,8 +211,10 @@ class DeadlineScope(_ScopeMixin, _EngineScope):
     limit (read back as ``limit``), counts from entry into the block; ``None`` means no
     deadline. When the deadline expires, the block is interrupted wherever it is (Python
     code, or a blocking call the signal can knock loose) and ``DeadlineExceeded`` is raised
-    at the block's exit; with ``raise_on_timeout=False`` the block is abandoned silently and
-    ``expired()`` tells.
+    at the block's exit. A block that is still running when its deadline passes never ends
+    normally: if nothing could interrupt it inside (a C call holding the GIL to its end), its
+    exit raises. With ``raise_on_timeout=False`` the block is abandoned silently and
+    ``expired()`` tells; an exception the block raised itself still propagates.
 
     ``soft_limit`` (alias ``soft``; seconds from entry, below the hard limit) logs a warning, calls
     ``on_soft(scope)`` once on a callback thread, and with ``soft_raise=True`` raises the
