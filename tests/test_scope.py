@@ -175,8 +175,8 @@ def _skip_fallback_on_313(api: Any) -> None:
 def test_a_c_call_holding_the_gil_past_the_deadline_never_ends_normally(
         api: Any, spinners: int) -> None:
     """A block still running when its deadline passes ends with DeadlineExceeded, and
-    expired() says so -- also when nobody fired before its exit (issue: lost in 15-35 %
-    of such blocks next to one or three spinning threads)."""
+    expired() says so -- also when nobody fired before its exit (next to a busy thread,
+    such blocks used to end normally now and then)."""
     _skip_fallback_on_313(api)
 
     def block() -> tuple[str, bool, float]:
