@@ -86,6 +86,7 @@ int tc_gc_collecting(void);                /* tc_gil.c */
 unsigned long tc_main_thread(void);        /* tc_gil.c */
 int tc_gil_holder(const void **holder);    /* tc_gil.c */
 int tc_add_pending(int (*func)(void *), void *arg); /* tc_gil.c */
+PyCodeObject *tc_iframe_code(void *iframe);          /* tc_gil.c */
 static unsigned long *g_interval_addr;     /* set by tc_switch_setup        */
 
 /* At import, with the GIL. */

@@ -51,7 +51,6 @@ static PyObject *g_exempt_names;     /* tuple of str: modules under those that
 static PyObject *g_prot_codes;       /* set of code objects, or NULL        */
 static Py_ssize_t g_extra = -1;      /* co_extra index of the verdict cache */
 static uintptr_t g_prot_gen = 1;     /* bumped when the protected set changes */
-static PyObject *g_name_key;         /* interned "__name__"                 */
 static PyObject *g_defer_report;     /* report(scope) at exit, or NULL      */
 static int64_t g_defer_cap_ns;       /* ... when deferred longer than this  */
 
@@ -99,7 +98,9 @@ static int frame_protected(PyFrameObject *f)
         return (int)((uintptr_t)extra & 1);
     }
     PyErr_Clear();
-    if (g_prot_codes != NULL && PySet_Contains(g_prot_codes, (PyObject *)code) == 1)
+    if (code_protected_by_name(code) || code_dropped_once(code)) /* tc_guarded.c */
+        r = 1;
+    else if (g_prot_codes != NULL && PySet_Contains(g_prot_codes, (PyObject *)code) == 1)
         r = 1;
     else {
         PyObject *globals = PyFrame_GetGlobals(f);
@@ -132,20 +133,42 @@ static PyObject *frame_where(PyFrameObject *f)
 static int is_scope_frame(PyFrameObject *f, Scope *sc)
 {
 #if TC_IFRAME_ID
+    if (sc->owner != NULL) /* the wrapper returns, and another frame may take its
+                              address: its frame object, held, is the identity */
+        return (PyObject *)f == sc->frame;
     return sc->iframe != NULL && tc_frame_iframe(f) == sc->iframe;
 #else
     return sc->frame != NULL && (PyObject *)f == sc->frame;
 #endif
 }
 
+/* Is `f` the frame of the code that scope `sc` guards for a wrapper
+ * (tc_guarded.c)? */
+static int is_owner_frame(PyFrameObject *f, Scope *sc)
+{
+    return sc->owner != NULL && (PyObject *)f == sc->owner;
+}
+
+/* Would an exception raised at `f`'s current instruction leave `f` (no
+ * handler of its own covers it)? */
+static int tc_leaves_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n, int off)
+{
+    (void)b;
+    (void)n;
+    return tc_exc_handler(code, off / 2) < 0;
+}
+
 /* Is protected code running between `cur` (the innermost frame, a new
  * reference, consumed) and the frame of scope `sc` (exclusive; NULL: none)?
+ * The frame is the one whose code entered the scope, or once that has
+ * returned, a wrapper scope's owner (tc_guarded.c); the entering frame of a
+ * wrapper scope counts as protected where an exception would leave it.
  * On 1, *where (if not NULL and still NULL) gets the outermost protected
  * frame's description. */
 static int stack_protected(PyFrameObject *cur, Scope *sc, PyObject **where)
 {
     PyFrameObject *outer = NULL; /* outermost protected, strong */
-    int innermost, found = 0;
+    int innermost, found = 0, named = 0;
     if (cur == NULL)
         return 0;
     innermost = frame_protected(cur);
@@ -153,9 +176,20 @@ static int stack_protected(PyFrameObject *cur, Scope *sc, PyObject **where)
         PyFrameObject *back;
         if (sc != NULL && is_scope_frame(cur, sc)) {
             found = 1;
+            if (sc->owner != NULL && tc_ask_code(cur, PyFrame_GetLasti(cur), tc_leaves_test, 0)) {
+                Py_INCREF(cur);
+                Py_XSETREF(outer, cur);
+            }
+            break;
+        }
+        if (sc != NULL && is_owner_frame(cur, sc)) {
+            found = 1;
             break;
         }
         if (frame_protected(cur)) {
+            PyCodeObject *code = PyFrame_GetCode(cur);
+            named |= code_protected_by_name(code);
+            Py_DECREF(code);
             Py_INCREF(cur);
             Py_XSETREF(outer, cur);
         }
@@ -164,7 +198,13 @@ static int stack_protected(PyFrameObject *cur, Scope *sc, PyObject **where)
         cur = back;
     }
     Py_XDECREF(cur);
-    int r = found ? outer != NULL : innermost;
+    /* No bound on the stack (a generator's scope while it is suspended, a
+     * scope whose entering code and owner have both returned -- entered
+     * through a helper function): the innermost frame decides, and an exit,
+     * an entry or a finalizer anywhere on the stack (tc_guarded.c): the
+     * block's own code cannot be told from the code around it, but an
+     * exit is never the block. */
+    int r = found ? outer != NULL : innermost || named;
     if (r && where != NULL && *where == NULL && outer != NULL)
         *where = frame_where(outer);
     Py_XDECREF(outer);
@@ -1032,7 +1072,8 @@ static int deliver_here(tc_slot *s, int vetted, int mode)
      * own): wait.  The common case while deferred, and cheap; the walk below
      * makes frame objects up the stack, so it runs once to say where, and
      * when the innermost frame is unprotected. */
-    if (s->deferred_since != 0 && (scope == NULL || !is_scope_frame(cur, as_scope(scope))) &&
+    if (s->deferred_since != 0 &&
+        (scope == NULL || !(is_scope_frame(cur, as_scope(scope)) || is_owner_frame(cur, as_scope(scope)))) &&
         frame_protected(cur)) {
         STAT_INC(hook_defers);
         return 0;
@@ -1190,26 +1231,39 @@ static int slot_prune_stale(tc_slot *s, PyFrameObject *cur); /* tc_slot.c */
 static void slot_publish(tc_slot *s);                       /* tc_slot.c */
 #endif
 
-/* pc_fire in a thread other than the slot's: if a cancel off the control
- * channel waits on the slot (tc_watchdog.c: wd_watch queued the call for the
- * GIL's holder), fire it from here, as the watchdog's sweep would with the
- * GIL (Scope.reschedule does the same from the thread that cancels): the
+/* pc_fire in a thread other than the slot's: if the slot is due -- a cancel
+ * off the control channel (tc_watchdog.c: wd_watch queued the call for the
+ * GIL's holder), or its own deadline, passed while its thread was the
+ * holder -- fire it from here, as the watchdog's sweep would with the GIL
+ * (Scope.reschedule does the same from the thread that cancels): the
  * interrupt goes to the slot's thread by the usual delivery, to surface at
- * a safe point there; nothing is raised in this thread.  Any other call that
- * lands here does nothing: the watchdog goes on watching, or acts itself. */
+ * a safe point there; nothing is raised in this thread.
+ * Why the deadline too: the slot's thread declines the call at checks that
+ * are no usable back-edge (a C call's return) and queues it again; when it
+ * then lets the GIL go, the thread that takes it runs the call.  Doing
+ * nothing here dropped the fire (the call is the only one queued, and the
+ * watchdog, having queued it, looks again only later): a block whose C call
+ * outlived its deadline next to one busy thread ran on to its exit (issue
+ * 36, item 1).  Not yet due (a deadline moved later meanwhile): nothing. */
 #if TC_TRACK_FRAMES
 static void wd_prune_slot(tc_slot *s); /* tc_watchdog.c */
 #endif
 static void pc_fire_for(tc_slot *s)
 {
-    if (!atomic_load(&s->remote_req) || !s->alive || atomic_load(&s->state) != SLOT_ARMED ||
-        atomic_load(&s->shield) > 0 || s->pending != NULL)
+    int64_t now = now_ns();
+    if (!s->alive || atomic_load(&s->state) != SLOT_ARMED || atomic_load(&s->shield) > 0 ||
+        s->pending != NULL || (!atomic_load(&s->remote_req) && atomic_load(&s->deadline) > now))
         return;
 #if TC_TRACK_FRAMES
     wd_prune_slot(s); /* the sweep's first step (3.13) */
 #endif
-    if (slot_fire(s, now_ns(), 0))
-        STAT_INC(remote_relays);
+    int remote = atomic_load(&s->remote_req);
+    if (slot_fire(s, now, 0)) {
+        if (remote)
+            STAT_INC(remote_relays);
+        else
+            STAT_INC(due_relays);
+    }
 }
 
 /* The self-fire gives up on this deadline: fired for the hook, which raises

@@ -66,6 +66,13 @@
  * failed pthread call (nothing was woken).  tc_gil_holder() and
  * tc_add_pending() from any thread, with or without the GIL, after setup.
  * tc_gil_drop_requested() with the GIL held, after setup (0 without a GIL).
+ * tc_iframe_code() with the GIL held (free-threaded: attached), for the
+ * caller's own current frame; no setup needed.
+ *
+ * One more fact that needs a private structure on 3.11: the code object an
+ * interpreter frame runs, when no frame object exists for it (making one
+ * costs a scope's entry more than the rest of it; tc_scope.c asks whether
+ * the code entering a scope is a wrapper's __enter__).
  */
 #define Py_BUILD_CORE 1
 #include <Python.h>
@@ -79,6 +86,7 @@
 #include "internal/pycore_ceval.h"   /* _PyEval_AddPendingCall */
 #else
 #include "internal/pycore_runtime.h" /* 3.11: _PyRuntime.ceval.gil */
+#include "internal/pycore_frame.h"   /* 3.11: _PyInterpreterFrame.f_code */
 #endif
 #pragma GCC diagnostic pop
 
@@ -91,6 +99,7 @@ TC_HIDDEN unsigned long tc_main_thread(void);
 TC_HIDDEN int tc_gil_holder(const void **holder);
 TC_HIDDEN int tc_add_pending(int (*func)(void *), void *arg);
 TC_HIDDEN int tc_gil_drop_requested(void);
+TC_HIDDEN PyCodeObject *tc_iframe_code(void *iframe);
 
 static PyInterpreterState *g_interp; /* set once at import, GIL held */
 
@@ -197,4 +206,22 @@ int tc_gil_drop_requested(void)
 #else
     return g_interp != NULL && _Py_atomic_load_relaxed(&g_interp->ceval.gil_drop_request) != 0;
 #endif
+}
+
+/* The code object that interpreter frame `iframe` runs (borrowed: a running
+ * frame holds its code), or NULL.  GIL held, `iframe` the caller's own
+ * current frame (tc_compat.h: tc_current_iframe).  3.12+ through the
+ * unstable API made for this; 3.11 has none and reads the field. */
+PyCodeObject *tc_iframe_code(void *iframe)
+{
+    PyObject *code;
+    if (iframe == NULL)
+        return NULL;
+#if PY_VERSION_HEX >= 0x030C0000
+    code = (PyObject *)PyUnstable_InterpreterFrame_GetCode((struct _PyInterpreterFrame *)iframe);
+    Py_XDECREF(code); /* the running frame keeps its own reference */
+#else
+    code = (PyObject *)((_PyInterpreterFrame *)iframe)->f_code;
+#endif
+    return code != NULL && PyCode_Check(code) ? (PyCodeObject *)code : NULL;
 }

@@ -370,10 +370,14 @@ typedef struct Scope {
     PyObject *exit_exc;    /* the exception the block ended with, or NULL  */
     PyObject *frame;       /* frame object of the with statement, while
                               active: on 3.13 how stale scopes are found;
-                              where TC_IFRAME_ID is 0, the bound of the
+                              where TC_IFRAME_ID is 0, or for a wrapper
+                              scope (owner set), the bound of the
                               protected-code check                        */
     void *iframe;          /* TC_IFRAME_ID: its _PyInterpreterFrame address,
                               the bound of the check (never dereferenced) */
+    PyObject *owner;       /* entered by a wrapper (tc_deliver.c: wrapper
+                              scopes): frame object of the code the wrapper
+                              guards, while active; else NULL            */
     int64_t delivered_at;  /* ns when the interrupt surfaced in the body  */
     int64_t deferred_ns;   /* time its delivery waited for protected code */
     PyObject *deferred_where; /* "file:line in function" that held it     */
@@ -410,7 +414,8 @@ static struct {
         hook_calls, backstops, async_fallbacks, fast_windows, fast_ns, prearms, self_fires,
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
         pending_handovers, watch_sleeps, remote_cancels, remote_relays, exit_lingers, pins, rescues,
-        tracer_sleeps, tracer_alarms, back_waits, exit_expiries;
+        tracer_sleeps, tracer_alarms, back_waits, exit_expiries, due_relays, dropped,
+        dropped_learned;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

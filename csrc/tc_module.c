@@ -334,6 +334,10 @@ static PyObject *mod_setup_locked(PyObject *m, PyObject *args)
     PyObject *interrupt, *exceeded;
     if (!PyArg_ParseTuple(args, "OO:_setup", &interrupt, &exceeded))
         return NULL;
+    if (g_name_key == NULL && (g_name_key = PyUnicode_InternFromString("__name__")) == NULL)
+        return NULL;
+    if (guarded_setup() < 0) /* tc_guarded.c */
+        return NULL;
     Py_INCREF(interrupt);
     Py_XSETREF(g_interrupt, interrupt);
     Py_INCREF(exceeded);
@@ -371,7 +375,7 @@ static PyObject *mod_setup_delivery_locked(PyObject *m, PyObject *unused)
         g_extra = tc_request_code_extra(NULL); /* -1: no cache, still correct */
     if (g_prot_names == NULL && (g_prot_names = PyTuple_New(0)) == NULL)
         return NULL;
-    if (hook_setup() < 0)
+    if (unraisable_setup() < 0 || hook_setup() < 0)
         return NULL;
     g_hook_mode = TC_HOOK_TRACE ? HOOK_TRACE : HOOK_MONITORING;
     return PyUnicode_FromString(g_hook_mode == HOOK_TRACE ? "trace" : "monitoring");
@@ -805,6 +809,9 @@ void tc_get_stats(struct tc_stats *o)
     o->tracer_alarms = atomic_load(&g_st.tracer_alarms);
     o->back_waits = atomic_load(&g_st.back_waits);
     o->exit_expiries = atomic_load(&g_st.exit_expiries);
+    o->due_relays = atomic_load(&g_st.due_relays);
+    o->dropped = atomic_load(&g_st.dropped);
+    o->dropped_learned = atomic_load(&g_st.dropped_learned);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

@@ -161,6 +161,7 @@ static int Scope_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(as_scope(self)->hook);
     Py_VISIT(as_scope(self)->exit_exc);
     Py_VISIT(as_scope(self)->frame);
+    Py_VISIT(as_scope(self)->owner);
     Py_VISIT(as_scope(self)->deferred_where);
     Py_VISIT(as_scope(self)->prepared);
     Py_VISIT(Py_TYPE(self));
@@ -174,6 +175,7 @@ static int Scope_clear(PyObject *self)
     Py_CLEAR(as_scope(self)->hook);
     Py_CLEAR(as_scope(self)->exit_exc);
     Py_CLEAR(as_scope(self)->frame);
+    Py_CLEAR(as_scope(self)->owner);
     Py_CLEAR(as_scope(self)->deferred_where);
     Py_CLEAR(as_scope(self)->prepared);
     return 0;
@@ -237,7 +239,11 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
         return NULL;
 #if TC_IFRAME_ID
     sc->iframe = tc_current_iframe(PyThreadState_Get()); /* tc_compat.h */
+    if (code_enters(tc_iframe_code(sc->iframe)))
+#else
+    if (frame_enters(PyEval_GetFrame()))
 #endif
+        scope_find_owner(sc); /* tc_deliver.c: wrapper scopes */
 #if TC_TRACK_FRAMES || !TC_IFRAME_ID
     {
         PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
@@ -430,6 +436,7 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     sc->exited = now;
     sc->slot = NULL;
     Py_CLEAR(sc->frame); /* no finalizer can run: the with statement holds it */
+    Py_CLEAR(sc->owner); /* ... and the guarded code's frame is running */
     /* raise_exceeded takes it; any other way out drops it (it holds the scope:
      * a cycle, until then) -- an exception has no finalizer */
     PyObject *prepared = sc->prepared;

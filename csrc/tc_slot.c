@@ -79,6 +79,7 @@ static void scope_forget(Scope *sc)
     if (sc->exited == 0)
         sc->exited = now_ns();
     Py_CLEAR(sc->frame); /* the stack still holds a reference: no finalizer */
+    Py_CLEAR(sc->owner);
     Py_CLEAR(sc->prepared); /* it holds the scope: a cycle, else */
     sc->iframe = NULL;
 }
@@ -280,6 +281,33 @@ static int frame_running(PyObject *frame, PyFrameObject *cur)
     return 0;
 }
 
+/* A wrapper scope's owner (tc_guarded.c) has returned, and `cur` (a new
+ * reference, consumed) is the thread's innermost frame: the owner becomes
+ * the nearest caller of the old one that still runs (a finished frame
+ * object keeps its caller), so a scope entered through a helper function
+ * -- whose frame was taken for the owner -- stays with the code that
+ * called it.  Returns 0 if none of them runs (stale).  The price: a wrapper
+ * scope whose with statement's exit 3.13 skipped is dropped only when that
+ * statement's caller returns. */
+static int scope_rehome(Scope *sc, PyFrameObject *cur)
+{
+    PyFrameObject *f = PyFrame_GetBack((PyFrameObject *)sc->owner);
+    while (f != NULL) {
+        PyFrameObject *back;
+        Py_XINCREF(cur);
+        if (frame_running((PyObject *)f, cur)) {
+            Py_XDECREF(cur);
+            Py_XSETREF(sc->owner, (PyObject *)f); /* the reference moves here */
+            return 1;
+        }
+        back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(cur);
+    return 0;
+}
+
 /* Drop the scopes whose with statement's frame no longer runs in the thread
  * whose innermost frame is `cur` (a new reference, consumed): the outermost
  * such scope and everything above it.  Returns 1 if anything was dropped;
@@ -288,9 +316,14 @@ static int slot_prune_stale(tc_slot *s, PyFrameObject *cur)
 {
     PyObject *stale = NULL;
     for (PyObject *p = s->top; p != NULL; p = as_scope(p)->parent) {
-        PyObject *f = as_scope(p)->frame;
+        PyObject *f = as_scope(p)->owner != NULL ? as_scope(p)->owner : as_scope(p)->frame;
+        if (f == NULL)
+            continue;
         Py_XINCREF(cur);
-        if (f != NULL && !frame_running(f, cur))
+        if (frame_running(f, cur))
+            continue;
+        Py_XINCREF(cur);
+        if (as_scope(p)->owner == NULL || !scope_rehome(as_scope(p), cur))
             stale = p; /* keep going: the outermost one counts */
     }
     Py_XDECREF(cur);

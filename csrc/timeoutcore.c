@@ -20,8 +20,10 @@
 #include "tc_internal.h"
 
 #include "tc_os.c"
+#include "tc_guarded.c"
 #include "tc_deliver.c"
 #include "tc_slot.c"
+#include "tc_unraisable.c"
 #include "tc_watchdog.c"
 #include "tc_remote.c"
 #include "tc_scope.c"

@@ -170,6 +170,13 @@ struct tc_stats {
     uint64_t exit_expiries;    /* blocks whose deadline had passed at their
                                   exit with no fire: expired there, the
                                   backstop (tc_scope.c)                  */
+    uint64_t due_relays;       /* 3.12+: deadlines fired by the GIL's holder
+                                  that ran the slot's self-fire call in
+                                  its stead (tc_deliver.c)               */
+    uint64_t dropped;          /* interrupts CPython reported as ignored
+                                  (an unraisable context), sent again
+                                  (tc_unraisable.c)                      */
+    uint64_t dropped_learned;  /* ... code objects learned there         */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

@@ -130,8 +130,9 @@ except Exception as _exc:  # noqa: BLE001 - reported, then the engine works unsa
         stacklevel=2,
     )
 else:
-    from . import _deferral
+    from . import _deferral, _unraisable
     from . import protect as _protect
 
     _protect._install(_set_protection)
     _deferral._install(core._set_deferral_report)
+    _unraisable.install()
