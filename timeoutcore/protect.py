@@ -41,6 +41,17 @@ What is protected by default, and why (a module counts with its submodules):
   stand for your code and must be stopped like it (they were held back to their end
   while the whole package was protected: a 750 ms overshoot in the demo).
 
+Protected whatever its module, by its name: code named ``__exit__``, ``__aexit__``,
+``__enter__``, ``__aenter__`` or ``__del__``. An exit interrupted half-way skips the rest of
+its cleanup (a wrapper's ``__exit__`` never reaches the scope's own exit it was about to
+call, and the internal interrupt escapes); an entry interrupted after it took a resource
+leaks it, because the ``with`` statement that would release it has not started; a finalizer
+run by reference counting is an "unraisable" context, where CPython reports the exception
+as ignored and drops it. Also protected: code where CPython once dropped an interrupt (a
+weakref callback, any other unraisable context), learned by the core when that happened.
+(A scope's own block is never judged by these rules: a scope opened and closed inside an
+``__enter__`` still interrupts its block.)
+
 Not protected: the I/O and networking modules (``socket``, ``ssl``, ``http``, ``urllib``,
 ``select``): interrupting a read or a request is the point, and a torn connection belongs
 to the block that is being stopped.
