@@ -19,7 +19,7 @@ install_requires = [
     "pydantic>=2.5",
 ]
 test = ["pytest>=7", "pytest-benchmark>=4", "pytest-timeout>=2.1", "celery[redis]>=5.3",
-        "redis>=4.5"]
+        "redis>=4.5", "psycopg-pool>=3.2"]  # pure Python: every interpreter
 if FREE_THREADED:
     test += ["psycopg>=3.2"]
 else:

@@ -333,6 +333,10 @@ def main() -> None:
                                                  "pending_raises", "pending_handovers",
                                                  "async_fallbacks", "tracer_alarms",
                                                  "remote_cancels", "remote_relays")}
+    else:  # the pure-Python engine's delivery (timeoutcore/_fallback_deliver.py)
+        from timeoutcore import _fallback_deliver
+
+        result["paths"] = dict(_fallback_deliver.stats)
     print(json.dumps(result))
 
 

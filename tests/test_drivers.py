@@ -1,4 +1,5 @@
-"""Database drivers, for real: a blocked query stops at the trigger with interrupt_with."""
+"""Database drivers, for real: a blocked query stops at the trigger with interrupt_with, and
+a SQLite statement waiting for another connection's lock stops at the deadline too."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from conftest import burn, run_under_trigger
 
 import timeoutcore
-from timeoutcore import DeadlineExceeded
+from timeoutcore import DeadlineCancelled, DeadlineExceeded
 from timeoutcore.contrib.db import guard
 
 WAIT = 10.0  # s: the most a block waits for its deadline (a broken build fails, never hangs)
@@ -111,3 +112,153 @@ def test_postgres_query_stops(driver: str, trigger: str, postgres_dsn: str) -> N
     # broken, the query runs its 10 s
     assert late < 2.0, late
     assert row[0] == 1
+
+
+# --- SQLite: a statement waiting for another connection's lock -----------------------------
+
+BUSY_MS = int(WAIT * 1000)  # the waiting connection's busy timeout: a broken guard waits it
+
+
+def _locked(tmp_path: Any) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """(holder, waiter): holder has the file's exclusive lock, waiter waits up to WAIT for it."""
+    path = str(tmp_path / "locked.db")
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t(x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    waiter = sqlite3.connect(path, timeout=WAIT, check_same_thread=False)
+    return holder, waiter
+
+
+def _unlocked_afterwards(holder: sqlite3.Connection, waiter: sqlite3.Connection) -> None:
+    """The old busy timeout is back, the waiter works, and neither holds a lock."""
+    assert waiter.execute("PRAGMA busy_timeout").fetchone() == (BUSY_MS,)
+    holder.execute("ROLLBACK")
+    waiter.execute("INSERT INTO t VALUES (2)")
+    waiter.commit()
+    assert not waiter.in_transaction
+    holder.execute("INSERT INTO t VALUES (3)")  # autocommit: needs the lock the waiter had
+    assert holder.execute("SELECT x FROM t ORDER BY x").fetchall() == [(2,), (3,)]
+    holder.close()
+    waiter.close()
+
+
+@pytest.mark.parametrize("trigger", ["hard", "soft"])
+def test_sqlite_lock_wait_stops(trigger: str, tmp_path: Any) -> None:
+    holder, waiter = _locked(tmp_path)
+
+    def job() -> tuple[str, float, Any]:
+        outcome, late = _stopped(waiter, lambda: waiter.execute("INSERT INTO t VALUES (1)"),
+                                 trigger)
+        return outcome, late, waiter.in_transaction
+
+    outcome, late, in_tx = _in_worker(job)
+    assert outcome == WANT[trigger]  # the deadline's exception, not "database is locked"
+    assert late < 2.0, late  # broken: the busy timeout, WAIT s
+    assert not in_tx
+    _unlocked_afterwards(holder, waiter)
+
+
+def test_sqlite_lock_wait_hears_a_cancel_by_the_stop_time_at_entry(tmp_path: Any) -> None:
+    """The documented bound: a cancel during the lock wait ends it at the latest at the stop
+    time the guard saw at entry (SQLite's busy handler cannot be woken), with the cancel's
+    exception."""
+    holder, waiter = _locked(tmp_path)
+
+    def job() -> tuple[str, float]:
+        scope = timeoutcore.thread_deadline(1.0)
+        timer = threading.Timer(0.1, scope.cancel)
+        start = time.monotonic()
+        try:
+            with scope, guard(waiter):
+                timer.start()
+                waiter.execute("INSERT INTO t VALUES (1)")
+        except DeadlineCancelled:
+            return "cancelled", time.monotonic() - start
+        finally:
+            timer.join()
+        return "returned", time.monotonic() - start
+
+    outcome, elapsed = _in_worker(job)
+    assert outcome == "cancelled"
+    assert elapsed < 1.0 + 2.0, elapsed  # broken: WAIT s
+    _unlocked_afterwards(holder, waiter)
+
+
+def test_sqlite_own_busy_timeout_first_is_the_drivers_error(tmp_path: Any) -> None:
+    """A busy timeout shorter than the time left is the caller's: it ends with "database is
+    locked" and stays as it was."""
+    holder, waiter = _locked(tmp_path)
+    waiter.execute(f"PRAGMA busy_timeout = {BUSY_MS}")
+    quick = sqlite3.connect(str(tmp_path / "locked.db"), timeout=0.05,
+                            check_same_thread=False)
+
+    def job() -> str:
+        try:
+            with timeoutcore.thread_deadline(WAIT), guard(quick):
+                quick.execute("INSERT INTO t VALUES (1)")
+        except sqlite3.OperationalError as e:
+            return str(e)
+        return "returned"
+
+    assert _in_worker(job) == "database is locked"
+    assert quick.execute("PRAGMA busy_timeout").fetchone() == (50,)
+    quick.rollback()
+    quick.close()
+    _unlocked_afterwards(holder, waiter)
+
+
+def test_sqlite_busy_timeout_restored_with_a_cursor_left_open(tmp_path: Any) -> None:
+    """interrupt() came while the block's cursor was half read: SQLite refuses every
+    statement until that cursor is reset; guard still puts the busy timeout back, and the
+    connection works afterwards even while the cursor is still referenced."""
+    conn = sqlite3.connect(str(tmp_path / "rows.db"), timeout=WAIT, check_same_thread=False)
+    conn.execute("CREATE TABLE t(x)")
+    conn.executemany("INSERT INTO t VALUES (?)", [(i,) for i in range(100)])
+    conn.commit()
+    kept: list[sqlite3.Cursor] = []
+
+    def job() -> str:
+        try:
+            with timeoutcore.thread_deadline(0.2), guard(conn):
+                cur = conn.execute("SELECT x FROM t")
+                kept.append(cur)
+                cur.fetchone()
+                # interrupt() ends this one (the SELECT is still open): always called,
+                # since nothing else can end the query
+                conn.execute(FOREVER).fetchall()
+        except DeadlineExceeded:
+            return "hard"
+        return "returned"
+
+    assert _in_worker(job) == "hard"
+    assert conn.execute("PRAGMA busy_timeout").fetchone() == (BUSY_MS,)
+    assert conn.execute("SELECT count(*) FROM t").fetchone() == (100,)
+    assert len(kept) == 1
+    conn.close()
+
+
+def test_sqlite_guard_outside_a_scope_changes_nothing(tmp_path: Any) -> None:
+    conn = sqlite3.connect(str(tmp_path / "free.db"), timeout=WAIT)
+    with guard(conn):
+        assert conn.execute("PRAGMA busy_timeout").fetchone() == (BUSY_MS,)
+    with timeoutcore.thread_deadline(WAIT), guard(conn):
+        lowered = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+    assert 0 < lowered <= BUSY_MS
+    assert conn.execute("PRAGMA busy_timeout").fetchone() == (BUSY_MS,)
+    conn.close()
+
+
+def test_guard_refuses_what_is_not_a_connection() -> None:
+    from timeoutcore import interrupt
+
+    with pytest.raises(TypeError, match="object"):
+        guard(object())
+    with pytest.raises(TypeError, match="str"):
+        guard("app.db")
+    assert not interrupt._interrupter._guards  # nothing armed
+    conn = sqlite3.connect(":memory:")
+    conn.close()
+    with pytest.raises(sqlite3.ProgrammingError):  # a closed connection: entry fails
+        with timeoutcore.thread_deadline(WAIT), guard(conn):
+            pass
+    assert not interrupt._interrupter._guards

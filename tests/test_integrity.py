@@ -27,8 +27,11 @@ from conftest import FREE_THREADED, LATE, burn, in_thread
 import timeoutcore
 from timeoutcore import DeadlineExceeded
 
-pytestmark = pytest.mark.skipif(
-    timeoutcore.ENGINE != "native", reason="safe delivery is the native engine's"
+#: Tests of the native core's own delivery paths (its stats, its deferral report, its
+#: pending calls); the rest holds on both engines (the fallback's delivery:
+#: timeoutcore/_fallback_deliver.py).
+native_only = pytest.mark.skipif(
+    timeoutcore.ENGINE != "native", reason="the native core's own delivery paths"
 )
 
 HAMMER = Path(__file__).with_name("integrity_hammer.py")
@@ -57,6 +60,16 @@ def test_hammer_breaks_nothing(switch: str | None, seed: int) -> None:
     counts = result["counts"]
     assert result["broken"] == [], result
     assert counts["other_errors"] == 0, result
+    if timeoutcore.ENGINE == "fallback":
+        # The pure-Python watchdog waits for the GIL like any thread: behind 4 busy workers
+        # and a 5 ms switch interval it rarely fires these sub-millisecond deadlines before
+        # their blocks end, and their exits expire them (the backstop). With a short switch
+        # interval it fires, and the interrupts land inside the body.
+        assert counts["fired"] + counts["expired_at_exit"] > 0, result
+        if switch is not None:
+            assert counts["fired"] > 0, result
+            assert counts["at_exit"] <= max(5, 0.1 * counts["fired"]), result
+        return
     assert counts["fired"] > 0, result
     # Most fired deadlines land inside the body (a broken hook: none do); the deadlines
     # nobody fired before the exit, which the exit itself expires, are counted apart
@@ -623,6 +636,7 @@ except timeoutcore.DeadlineExceeded:
 """
 
 
+@native_only
 def test_a_stale_async_exception_flag_does_not_hold_a_delivery(tmp_path: Path) -> None:
     """3.11: a tracer plus a stale async-exception bit spins at RESUME; the watchdog's
     backstop drains the bit (csrc/tc_deliver.c)."""
@@ -766,6 +780,7 @@ print(os.read(r, 100).decode(), sys.monitoring.get_events(tool))
 """
 
 
+@native_only
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring (3.12+)")
 def test_a_fork_child_does_not_keep_a_dead_threads_delivery_armed(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, "-c", FORK_WITH_PENDING], capture_output=True,
@@ -925,6 +940,7 @@ def test_no_interrupt_lands_in_a_finalizer_the_collector_runs() -> None:
     assert len(ran) == 1 and ignored == [], (ran, ignored)
 
 
+@native_only
 @pytest.mark.skipif(sys.version_info < (3, 12) or FREE_THREADED,
                     reason="the self-fire: 3.12+ with a GIL")
 def test_a_thread_that_fires_itself_never_raises_inside_protected_code() -> None:
@@ -959,6 +975,7 @@ def _protected_spin_noted(seconds: float, calls: list[int], returned: list[int])
     returned.append(1)
 
 
+@native_only
 @pytest.mark.skipif(sys.version_info < (3, 12) or FREE_THREADED,
                     reason="the self-fire: 3.12+ with a GIL")
 def test_a_deferred_self_fire_keeps_one_pending_call_queued() -> None:
@@ -1012,6 +1029,7 @@ def test_a_loop_whose_only_check_is_no_usable_back_edge_still_stops_on_time() ->
     assert min(late) < 0.2, late  # generous: ~0.5 ms here, against 400+ ms before
 
 
+@native_only
 def test_a_thread_paused_at_a_back_edge_in_protected_code_waits_for_the_hook() -> None:
     """The outside check sees protected code on the paused thread's stack: nothing is sent
     directly; the hook delivers once the protected call has returned."""
@@ -1027,6 +1045,7 @@ def test_a_thread_paused_at_a_back_edge_in_protected_code_waits_for_the_hook() -
     assert after["hook_raises"] > before["hook_raises"]
 
 
+@native_only
 @pytest.mark.parametrize("shape", ["while", "one-line", "for"])
 def test_a_thread_paused_at_a_back_edge_gets_its_interrupt_directly(shape: str) -> None:
     """3.11 and 3.12: a thread paused at its loop's back-edge meets an asynchronous

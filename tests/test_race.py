@@ -12,8 +12,6 @@ import random
 import threading
 import time
 
-import pytest
-
 import timeoutcore
 from timeoutcore import DeadlineExceeded
 from timeoutcore.errors import _DeadlineInterrupt
@@ -51,7 +49,6 @@ def hammer(n: int, seed: int, out: list) -> None:
     out.append((escapes, timeouts))
 
 
-@pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="the fallback engine documents rare escapes")
 def test_no_interrupt_escapes_its_block() -> None:
     results: list = []
     threads = [
@@ -93,7 +90,6 @@ def _cancelled_hammer(n: int, seed: int, slot: list, out: list) -> None:
     out.append((escapes, raised))
 
 
-@pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="the fallback engine documents rare escapes")
 def test_no_interrupt_escapes_a_block_cancelled_from_another_thread() -> None:
     """cancel() from another thread fires the block from the canceller's thread (the
     interrupt goes pending there for the block's own thread): cancels landing in every

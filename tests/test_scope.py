@@ -163,21 +163,12 @@ def _spinning_neighbours(n: int) -> tuple[list[threading.Thread], list[bool]]:
     return threads, stop
 
 
-def _skip_fallback_on_313(api: Any) -> None:
-    if api.name == "fallback" and sys.version_info >= (3, 13):
-        # From 3.13 a C call's return leaves the asynchronous interrupt to the next frame's
-        # start: the fallback's __exit__, Python code, where it escapes the scope (a known
-        # limit of the fallback engine, README "Known limits").
-        pytest.skip("3.13+: the fallback engine's __exit__ is Python code")
-
-
 @pytest.mark.parametrize("spinners", [0, 1, 3])
 def test_a_c_call_holding_the_gil_past_the_deadline_never_ends_normally(
         api: Any, spinners: int) -> None:
     """A block still running when its deadline passes ends with DeadlineExceeded, and
     expired() says so -- also when nobody fired before its exit (next to a busy thread,
     such blocks used to end normally now and then)."""
-    _skip_fallback_on_313(api)
 
     def block() -> tuple[str, bool, float]:
         scope = api.thread_deadline(_C_LIMIT)
@@ -205,7 +196,6 @@ def test_a_c_call_holding_the_gil_past_the_deadline_never_ends_normally(
 def test_abandoning_silently_never_swallows_the_blocks_own_error(api: Any) -> None:
     """raise_on_timeout=False swallows the deadline's interrupt, not an error the block
     raised after its deadline passed: that error propagates, and expired() is true."""
-    _skip_fallback_on_313(api)
     for _ in range(20):
         raised_own: list[bool] = []
         scope = api.thread_deadline(_C_LIMIT, raise_on_timeout=False)

@@ -1,20 +1,43 @@
 """The pure-Python engine, for platforms without ``timer_create`` (or when
-``TIMEOUTCORE_ENGINE=fallback``).
+``TIMEOUTCORE_ENGINE=fallback``). GIL builds only (``timeoutcore._engine``).
 
 The same :class:`~timeoutcore._engine_api.Engine` as the native one: ``Scope``, ``Shield``,
 ``sleep``, ``checkpoint``, ``remaining``, ``current_deadline``, ``current_scope``,
-``shield``. A daemon watchdog thread raises the interrupt with
-``PyThreadState_SetAsyncExc``. What it cannot do, and the native engine does:
+``shield``. One daemon watchdog thread keeps every thread's deadlines; at a deadline it
+marks the outermost due scope fired and makes its interrupt *pending* for that thread, and
+the thread raises it itself at its next safe line boundary
+(:mod:`timeoutcore._fallback_deliver`: the same protected-code rule as the native core,
+decided in the target thread at the moment of delivery).
+
+Why the engine's own critical sections never see an interrupt. Nothing raises into a thread
+from outside: the hook raises only in the thread, only at a line boundary, and never while
+a frame of this engine (or of protected code) lies between that line and the scope's
+``with`` statement -- so never inside ``with _wd.lock:``, and never between "block
+finished" and "pending interrupt taken back": the block's last line has run, then the
+``with`` statement's exit call (a place the hook refuses: csrc/tc_compat.h's with-exit
+test), then ``Scope.__exit__``, a frame of this module throughout, which takes the pending
+interrupt back (``take_back``) before it returns. The lock is therefore never held across a
+point where an interrupt can surface, and the watchdog holds it only while it scans and arms
+(a Python-level lock is safe to hold there: the watchdog thread has no deadline of its own).
+Explicit raise points -- ``sleep()``, ``checkpoint()``, a shield's exit, a scope's exit for
+an enclosing scope -- raise synchronously, where the caller asked for it.
+
+The one exception: a thread the hook cannot reach (3.11 with a C tracer, such as a
+coverage tool's; no free ``sys.monitoring`` tool id) gets ``PyThreadState_SetAsyncExc`` after a look at
+its stack from the watchdog, which from 3.13 does not say where the exception surfaces
+(DESIGN.md, section 6); there an interrupt can still land in protected code.
+
+What it cannot do, and the native engine does:
 
 * no signal: a blocking system call is not knocked loose (only ``sleep`` below ends early);
-* ``__exit__`` is Python code, so an interrupt injected while it runs can, rarely (about
-  1 in 10^5 racing blocks), surface just after the block;
-* the watchdog waits a whole GIL switch interval before it can inject (~5 ms late).
+* the watchdog is a Python thread: it waits for the GIL like any other (a switch interval
+  late, more with busy threads), and while a delivery is pending the hook costs a Python
+  call per line in the guarded thread (3.11) or in every thread (3.12+, where
+  ``sys.monitoring`` events are interpreter-wide).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import math
 import select
@@ -24,7 +47,8 @@ import time
 import weakref
 from typing import Any, Literal, Optional
 
-from . import _fork, _validate
+from . import _fallback_deliver as _dl
+from . import _deferral, _fork, _validate
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
 NAME = "fallback"
@@ -36,10 +60,7 @@ _addr = ctypes.cast(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_void_p)
 # Two prototypes of the same C function: raise a class, or clear with NULL.
 _set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(_addr)
 _clear_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(_addr)
-
-
-def _inject(ident: int, exc: type) -> None:
-    _set_async_exc(ident, exc)
+_tstate_get = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyThreadState_Get", ctypes.pythonapi))
 
 
 class _Drain(BaseException):
@@ -51,14 +72,14 @@ def _noop() -> None:
 
 
 def _clear(ident: int) -> None:
-    """Take back what was raised into thread ``ident`` -- always the calling thread (its
-    scope's exit, a shield, a checkpoint) -- and not consumed yet.
+    """Take back an asynchronous exception sent to thread ``ident`` -- always the calling
+    thread -- by the hookless path (``_ThreadState.injected``) and not consumed yet.
 
     On 3.11, ``PyThreadState_SetAsyncExc(ident, NULL)`` leaves the interpreter-wide "async
     exception pending" bit set when nothing was pending; stale, it keeps every thread's eval
-    breaker tripped, and a thread that is traced (the native engine's delivery hook, a
-    debugger) then spins at its next function entry. So there the pending exception is
-    replaced by :class:`_Drain` and consumed right here, which clears the bit."""
+    breaker tripped, and a thread that is traced (the delivery hook, a debugger) then spins
+    at its next function entry. So there the pending exception is replaced by
+    :class:`_Drain` and consumed right here, which clears the bit."""
     if sys.version_info >= (3, 12):
         _clear_async_exc(ident, None)
         return
@@ -74,7 +95,8 @@ def _clear(ident: int) -> None:
 
 
 class _ThreadState:
-    __slots__ = ("ident", "stack", "fired", "shield", "reinject_at", "step", "cond", "__weakref__")
+    __slots__ = ("ident", "stack", "fired", "shield", "reinject_at", "step", "cond",
+                 "tstate", "thread", "injected", "__weakref__")
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -84,6 +106,9 @@ class _ThreadState:
         self.reinject_at = _NEVER
         self.step = 0.002
         self.cond = threading.Condition(threading.Lock())
+        self.tstate: int = _tstate_get() or 0  # the thread's own PyThreadState (3.11 hook)
+        self.thread = threading.current_thread()
+        self.injected = False  # an asynchronous exception was sent (hookless path)
 
     def deadline(self) -> float:
         return min((s._deadline for s in self.stack), default=_NEVER)
@@ -95,15 +120,42 @@ class _ThreadState:
         return None
 
 
+def _take_back(st: _ThreadState) -> None:
+    """The thread itself: nothing stays pending or injected for it."""
+    _dl.take_back(st.ident)
+    if st.injected:
+        st.injected = False
+        _clear(st.ident)
+
+
 class _Watchdog:
     def __init__(self) -> None:
-        self.lock = threading.Condition(threading.Lock())
+        # The engine's lock: every thread's scope stack changes and fires under it. Never
+        # held where an interrupt can surface (the module docstring), and never held by the
+        # watchdog while it waits for the GIL: it takes it only without blocking (run()).
+        self.lock = threading.Lock()
+        # The watchdog sleeps on this, not on a condition of self.lock: a watchdog that
+        # wakes holding the engine's lock and then waits for the GIL stalls every thread
+        # that enters or exits a scope, and runs only once they are all blocked on it --
+        # in their exits, past their deadlines, where it then fired nearly every block.
+        self.wake = threading.Event()
+        self.next_wake = _NEVER  # when the watchdog wakes by itself; poke() if earlier
+        # The thread another thread (the watchdog, a soft limit's timer) is firing or
+        # sending to right now, lock held: set before it looks at the scope's _exiting,
+        # cleared after. Scope.__exit__ reads it, after setting _exiting, to know whether it
+        # may leave without the lock (under the GIL each step is atomic and in order: the
+        # firer either sees _exiting, or the exit sees it firing and takes the lock).
+        self.firing: Optional[_ThreadState] = None
         # weak values: a thread's state lives in its threading.local and goes with it
         self.states: weakref.WeakValueDictionary[int, _ThreadState] = (
             weakref.WeakValueDictionary()
         )
         self.thread: Optional[threading.Thread] = None
         self.local = threading.local()
+        # Exactly one watchdog: the check and the start under one lock of their own (not
+        # self.lock: a scope's entry calls this outside self.lock, and Thread.start()
+        # waits for the new thread).
+        self.start_lock = threading.Lock()
 
     def state(self) -> _ThreadState:
         st: Optional[_ThreadState] = getattr(self.local, "st", None)
@@ -115,9 +167,15 @@ class _Watchdog:
         return st
 
     def ensure(self) -> None:
-        if self.thread is None or not self.thread.is_alive():
-            self.thread = threading.Thread(target=self.run, name="timeoutcore-watchdog", daemon=True)
-            self.thread.start()
+        t = self.thread
+        if t is not None and t.is_alive():
+            return
+        with self.start_lock:
+            t = self.thread
+            if t is None or not t.is_alive():
+                t = threading.Thread(target=self.run, name="timeoutcore-watchdog", daemon=True)
+                t.start()
+                self.thread = t
 
     def mark_fired(self, st: _ThreadState, now: float) -> bool:
         """Mark the outermost due scope fired (lock held); False if none is, or shielded."""
@@ -132,50 +190,153 @@ class _Watchdog:
         st.reinject_at = now + st.step
         return True
 
-    def fire(self, st: _ThreadState, now: float, local: bool) -> bool:
-        if not self.mark_fired(st, now):
-            return False
-        if local:
-            raise _DeadlineInterrupt
-        _inject(st.ident, _DeadlineInterrupt)
+    def send(self, st: _ThreadState, exc: type[BaseException], scope: Optional[Scope]) -> None:
+        """Lock held: make ``exc`` pending for it and arm the
+        hook; without a hook, an asynchronous exception if its stack allows it now."""
+        _dl.pending[st.ident] = (exc, scope)
+        if not _dl.arm(st.ident, st.tstate):
+            if scope is not None and _dl.precheck(st.ident, scope):
+                _dl.pending.pop(st.ident, None)
+                st.injected = True
+                _dl.stats["hookless"] += 1
+                _set_async_exc(st.ident, exc)
         with st.cond:
             st.cond.notify_all()
-        return True
+
+    def fire(self, st: _ThreadState, now: float, local: bool) -> bool:
+        """Lock held: fire ``st``'s outermost due scope -- ``local``: the thread itself,
+        raising here; else for its hook. A scope already in its exit is left to it."""
+        if local:
+            if not self.mark_fired(st, now):
+                return False
+            _dl.take_back(st.ident)
+            raise _DeadlineInterrupt
+        self.firing = st  # before the look at _exiting: Scope.__exit__'s fast path
+        try:
+            due = st.due(now)
+            if due is None or due._exiting or not self.mark_fired(st, now):
+                return False
+            self.send(st, _DeadlineInterrupt, st.fired)
+            return True
+        finally:
+            self.firing = None
+
+    def backstop(self, st: _ThreadState, now: float) -> None:
+        """Lock held: ``st`` fired and its block still runs: nudge a pending delivery, or
+        send it again (the block swallowed it)."""
+        assert st.fired is not None
+        if st.ident in _dl.pending:
+            if not _dl.nudge(st.ident, st.tstate) and _dl.precheck(st.ident, st.fired):
+                _dl.pending.pop(st.ident, None)
+                st.injected = True
+                _dl.stats["hookless"] += 1
+                _set_async_exc(st.ident, _DeadlineInterrupt)
+        else:
+            self.send(st, _DeadlineInterrupt, st.fired)
+        st.step = min(st.step * 2, 0.1)
+        st.reinject_at = now + st.step
+
+    def poke(self, when: float) -> None:
+        """Wake the watchdog if ``when`` comes before its own wake-up."""
+        if when < self.next_wake:
+            self.next_wake = when
+            self.wake.set()
+
+    def scan(self) -> float:
+        """Lock held: fire what is due, back up what fired; the next time to look."""
+        now = time.monotonic()
+        nxt = _NEVER
+        for st in list(self.states.values()):
+            if st.shield or not st.stack:
+                continue
+            if st.fired is not None:
+                if st.reinject_at <= now and not st.fired._exiting:
+                    self.backstop(st, now)
+                nxt = min(nxt, st.reinject_at)
+                continue
+            d = st.deadline()
+            if d <= now:
+                self.fire(st, now, False)
+                nxt = min(nxt, st.reinject_at)
+            else:
+                nxt = min(nxt, d)
+        return nxt
 
     def run(self) -> None:
-        with self.lock:
-            while True:
-                now = time.monotonic()
-                nxt = _NEVER
-                for st in list(self.states.values()):
-                    if st.shield:
-                        continue
-                    if st.fired is not None:
-                        if st.reinject_at <= now and not st.fired._exiting:
-                            _inject(st.ident, _DeadlineInterrupt)
-                            st.step = min(st.step * 2, 0.1)
-                            st.reinject_at = now + st.step
-                        nxt = min(nxt, st.reinject_at)
-                        continue
-                    d = st.deadline()
-                    if d <= now:
-                        self.fire(st, now, False)
-                        nxt = min(nxt, st.reinject_at)
-                    else:
-                        nxt = min(nxt, d)
-                self.lock.wait(None if nxt == _NEVER else max(nxt - time.monotonic(), 0))
+        while True:
+            # Taken only while this thread holds the GIL (a blocking acquire would hold the
+            # lock while waiting for the GIL: see self.wake); busy: a holder is inside a
+            # scope's entry or exit for a few lines, so look again at once.
+            if not self.lock.acquire(blocking=False):
+                time.sleep(0)
+                continue
+            try:
+                self.wake.clear()
+                nxt = self.scan()
+                self.next_wake = nxt
+            finally:
+                self.lock.release()
+            self.wake.wait(None if nxt == _NEVER else max(nxt - time.monotonic(), 0))
 
 
 _wd = _Watchdog()
 
 
+class _Link(_dl.Engine):
+    """This engine, as the delivery hook sees it."""
+
+    def frame_of(self, scope: Any) -> Any:
+        return getattr(scope, "_frame", None)
+
+    def shielded(self, ident: int) -> bool:
+        st = _wd.states.get(ident)
+        return st is not None and st.shield > 0
+
+    def on_defer(self, scope: Any, where: str) -> None:
+        if isinstance(scope, Scope) and scope._deferred_where is None:
+            scope._deferred_where = where
+
+    def on_deliver(self, scope: Any, deferred: float, where: Optional[str]) -> None:
+        if isinstance(scope, Scope):
+            scope._delivered_at = time.monotonic()
+            scope._deferred += deferred
+            if where is not None and scope._deferred_where is None:
+                scope._deferred_where = where
+
+
+_dl.engine = _Link()
+
+
+def _report_deferral(scope: Scope, st: _ThreadState) -> None:
+    """The scope's exit, its lock let go: a deferral longer than the cap is logged once
+    (timeoutcore._deferral), interrupts held back meanwhile."""
+    cap = _deferral.deferral_log_cap()
+    if cap is None or not scope._deferred or scope._deferred <= cap:
+        return
+    st.shield += 1
+    try:
+        _deferral._report(scope)
+    except Exception:  # noqa: BLE001 - a log call must not replace the block's outcome
+        pass
+    finally:
+        st.shield -= 1
+
+
+
+
 def _after_fork_in_child() -> None:
+    """The child has no watchdog thread (and only this thread): a new engine state, this
+    thread's carried over, and a watchdog started again if it is inside a scope."""
     global _wd
     old = _wd
     _wd = _Watchdog()
+    _dl.after_fork()
     st = getattr(old.local, "st", None)
     if st is not None:
         st.ident = threading.get_ident()
+        st.tstate = _tstate_get() or 0
+        st.thread = threading.current_thread()
+        st.cond = threading.Condition(threading.Lock())
         _wd.local.st = st
         _wd.states[st.ident] = st
         if st.stack:
@@ -193,13 +354,33 @@ def _drop_above(st: _ThreadState, scope: Scope) -> None:
         st.stack.pop()._state = 2
 
 
+def _run_hook(scope: Scope, st: _ThreadState, exc: Optional[BaseException]) -> None:
+    """The scope's exit hook, interrupts held back meanwhile; its error is reported, not
+    raised (as the native core does)."""
+    st.shield += 1
+    try:
+        assert scope._hook is not None
+        scope._hook(scope, "exit", exc)
+    except Exception:  # noqa: BLE001 - as the native core: reported, not raised
+        import logging  # only on this error path: not a cost of every import
+
+        logging.getLogger("timeoutcore").exception("scope hook %r failed", scope._hook)
+    finally:
+        st.shield -= 1
+
+
+#: Functions through which a scope may be entered for another frame's with statement.
+_ENTERS = frozenset({"__enter__", "__aenter__", "enter_context", "enter_async_context"})
+
+
 class Scope:
     """Pure-Python deadline scope (same behaviour as the native one, less precise)."""
 
     __slots__ = (
         "_label", "_seconds", "_deadline", "_raise", "_has_deadline", "_state", "_expired",
         "_entered", "_exited", "_fired_at", "_st", "_ident", "_exiting", "_hook",
-        "_exit_exc", "_native_id", "_soft_pending",
+        "_exit_exc", "_native_id", "_soft_pending", "_frame", "_deferred", "_deferred_where",
+        "_delivered_at",
     )
 
     def __init__(
@@ -239,6 +420,10 @@ class Scope:
         self._exit_exc: Optional[BaseException] = None
         self._native_id: Optional[int] = None
         self._soft_pending = False
+        self._frame: Any = None  # the with statement's frame while active: the hook's bound
+        self._deferred = 0.0
+        self._deferred_where: Optional[str] = None
+        self._delivered_at: Optional[float] = None
         if extras:
             init_extras = getattr(self, "_init_extras", None)
             if init_extras is None:
@@ -265,29 +450,60 @@ class Scope:
         self._entered = now
         self._st = st
         self._ident = st.ident
+        # The frame of the with statement: the hook's stack check stops there. Entered by
+        # hand from a wrapper's __enter__ (or an ExitStack), the frame that entered the
+        # wrapper: the wrapper's __exit__ then lies inside the checked part of the stack.
+        # Cleared at the exit (it holds the frame's locals).
+        f = sys._getframe(1)
+        while f.f_code.co_name in _ENTERS and f.f_back is not None:
+            f = f.f_back
+        self._frame = f
         if self._deadline != _NEVER:
             _wd.ensure()  # outside the lock: Thread.start() waits for the new thread
-        with _wd.lock:
-            self._state = 1
-            st.stack.append(self)
-            if self._deadline <= now:
-                # Already past (cancelled before entry): fired now, so that the block
-                # ends DeadlineExceeded at its exit however quick it is. The watchdog
-                # raises into it only a step later (mark_fired): an async exception
-                # raised at once could land in this __enter__, before the with block
-                # starts, and escape it.
+        # No lock: only this thread changes its stack, and an append is atomic under the
+        # GIL (the watchdog reads the stack, at worst without this scope: not due yet).
+        self._state = 1
+        st.stack.append(self)
+        if self._deadline <= now:
+            # Already past (cancelled before entry): fired now, so that the block ends
+            # DeadlineExceeded at its exit however quick it is; the interrupt is sent a
+            # step later (mark_fired), to the block's first safe line.
+            with _wd.lock:
                 _wd.mark_fired(st, now)
-            if self._deadline != _NEVER:
-                _wd.lock.notify()
+        if self._deadline != _NEVER:
+            _wd.poke(self._deadline)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        self._exiting = True  # first: the watchdog stops re-raising into this exit
+        self._exiting = True  # first: the watchdog fires and re-sends no more into it
         st = self._st
         if self._state != 1:
             raise RuntimeError("__exit__ of a deadline scope that is not active")
         if st is None or st is not getattr(_wd.local, "st", None):
             raise RuntimeError("a deadline scope must be exited in the thread that entered it")
+        now = time.monotonic()
+        if (_wd.firing is st or st.fired is not None or self._soft_pending or not st.stack
+                or st.stack[-1] is not self or st.deadline() <= now):
+            return self._exit_slow(st, exc_type, exc)
+        # The common case, without the lock: nothing fired or sent to this thread, nobody
+        # firing it now (a firer that starts from here sees _exiting), nothing due.
+        st.stack.pop()
+        self._state = 2
+        self._exited = now
+        self._frame = None
+        self._exit_exc = exc
+        self._st = None
+        if self._hook is not None:
+            _run_hook(self, st, exc)
+            now = time.monotonic()  # an enclosing deadline may have passed in the hook
+            if st.fired is None and not st.shield and st.due(now) is not None:
+                with _wd.lock:
+                    _wd.fire(st, now, True)  # raises the interrupt for the enclosing scope
+        return False
+
+    def _exit_slow(self, st: _ThreadState, exc_type: Any, exc: Any) -> bool:
+        """The exit when something fired, was sent, is being fired or is due: under the
+        engine's lock, so that no firer acts on this scope meanwhile."""
         with _wd.lock:
             now = time.monotonic()
             _drop_above(st, self)
@@ -303,21 +519,14 @@ class Scope:
             self._state = 2
             self._exited = now
             claimed = st.fired is self
+            self._frame = None
             if claimed or self._soft_pending:
                 st.fired = None if claimed else st.fired
                 self._soft_pending = False
-                _clear(st.ident)
+                _take_back(st)
             self._exit_exc = exc
             if self._hook is not None:
-                st.shield += 1
-                try:
-                    self._hook(self, "exit", exc)
-                except Exception:  # noqa: BLE001 - as the native core: reported, not raised
-                    import logging  # only on this error path: not a cost of every import
-
-                    logging.getLogger("timeoutcore").exception("scope hook %r failed", self._hook)
-                finally:
-                    st.shield -= 1
+                _run_hook(self, st, exc)
                 now = time.monotonic()  # an enclosing deadline may have passed in the hook
             outer_due = st.fired is None and not st.shield and st.due(now) is not None
             if outer_due:
@@ -325,6 +534,7 @@ class Scope:
                 _wd.fire(st, now, True)  # raises the interrupt for the enclosing scope
         self._st = None
         if claimed:
+            _report_deferral(self, st)
             if not self._raise:
                 # abandon silently: swallow our interrupt, never the block's own error
                 return exc_type is None or issubclass(exc_type, _DeadlineInterrupt)
@@ -349,8 +559,8 @@ class Scope:
             self._seconds = math.nan
             return
         st = self._st
+        _wd.poke(d)
         with _wd.lock:
-            _wd.lock.notify()
             if st is not None and st.fired is None and st is getattr(_wd.local, "st", None):
                 now = time.monotonic()
                 if d <= now and not st.shield:
@@ -393,16 +603,15 @@ class Scope:
 
     @property
     def deferred(self) -> Optional[float]:
-        # This engine never defers (it cannot see where the interrupt will surface).
-        return 0.0 if self._expired else None
+        return self._deferred if self._expired or self._delivered_at is not None else None
 
     @property
     def deferred_where(self) -> Optional[str]:
-        return None
+        return self._deferred_where
 
     @property
     def delivered_at(self) -> Optional[float]:
-        return None
+        return self._delivered_at
 
     @property
     def fired_at(self) -> Optional[float]:
@@ -457,7 +666,7 @@ class Shield:
         with _wd.lock:
             st.shield += 1
             if st.shield == 1 and st.fired is not None:
-                _clear(st.ident)
+                _take_back(st)
         self._st = st
         self._state = 1
         return self
@@ -476,7 +685,7 @@ class Shield:
                     raise _DeadlineInterrupt
                 if st.due(now) is not None:
                     _wd.fire(st, now, True)
-                _wd.lock.notify()
+        _wd.poke(st.deadline())  # the watchdog skipped this thread while it was shielded
         return False
 
 
@@ -493,8 +702,7 @@ def sleep(seconds: float) -> None:
     while True:
         now = time.monotonic()
         if not st.shield:
-            if st.fired is not None:
-                raise _DeadlineInterrupt
+            _raise_sent(st)
             if st.deadline() <= now:
                 with _wd.lock:
                     if _wd.fire(st, now, True):
@@ -511,13 +719,24 @@ def checkpoint() -> None:
     st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
     if st is None or not st.stack or st.shield:
         return
-    if st.fired is not None:
-        _clear(st.ident)
-        raise _DeadlineInterrupt
+    _raise_sent(st)
     now = time.monotonic()
     if st.deadline() <= now:
         with _wd.lock:
             _wd.fire(st, now, True)
+
+
+def _raise_sent(st: _ThreadState) -> None:
+    """An explicit raise point of the thread itself (not shielded): raise what fired or
+    was sent to it (a soft limit's exception), taken back from its hook first."""
+    if st.fired is not None:
+        _take_back(st)
+        raise _DeadlineInterrupt
+    if st.ident in _dl.pending:
+        got = _dl.take_back(st.ident)
+        if got is not None:
+            _dl.engine.on_deliver(got[1], 0.0, None)
+            raise got[0]
 
 
 def current_deadline() -> Optional[float]:
@@ -554,13 +773,16 @@ def _raise_in_scope(scope: Scope, exc: type) -> bool:
     """Raise ``exc`` in the thread running ``scope`` if it is active (best effort)."""
     st = scope._st
     with _wd.lock:
-        if scope._state != 1 or scope._exiting or st is None or st.shield or st.fired is not None:
-            return False
-        scope._soft_pending = True
-        _inject(st.ident, exc)
-        with st.cond:
-            st.cond.notify_all()
-        return True
+        _wd.firing = st  # before the look at _exiting (Scope.__exit__'s fast path)
+        try:
+            if (scope._state != 1 or scope._exiting or st is None or st.shield
+                    or st.fired is not None):
+                return False
+            scope._soft_pending = True
+            _wd.send(st, exc, scope)
+            return True
+        finally:
+            _wd.firing = None
 
 
 def scope_stacks(all_threads: bool) -> list[tuple[Any, ...]]:
@@ -601,9 +823,8 @@ def shield() -> Shield:
     return Shield()
 
 
-def wait_shield() -> contextlib.nullcontext[None]:
-    """No shield around the patched stdlib waits: this engine's shield is Python code that
-    takes the engine's lock, and the engine itself waits on threading primitives while
-    holding it (starting its watchdog thread). Its interrupts are asynchronous anyway,
-    exactly as without the patch."""
-    return contextlib.nullcontext()
+def wait_shield() -> Shield:
+    """The shield the patched stdlib waits hold around their own bookkeeping, as with the
+    native engine. (It takes the engine's lock only for a few lines, and nothing of this
+    engine waits while holding that lock.)"""
+    return Shield()

@@ -3,13 +3,41 @@
 Imported by ``timeoutcore.patch`` when ``patch()`` runs, never by ``import timeoutcore``.
 Each wrapper starts with one C call (``remaining() is None``: not in a scope) and then calls
 the original unchanged; inside a scope it takes the scoped path below, built on
-``timeoutcore.blocking``'s waits:
+``timeoutcore.blocking``'s waits.
 
-* ``recv*``/``send*``: a blocking socket is tried with ``MSG_DONTWAIT`` and waited for with
-  ``poll`` until the deadline (the socket itself is not changed);
-* ``accept``: wait for a pending connection until the deadline;
-* ``connect``/``connect_ex`` and every ``ssl.SSLSocket`` call: run with the socket's timeout
-  set to the time left (under the engine's wait shield, so it is always restored).
+The rule: **inside a scope a patched call never blocks anywhere but in a wait that the
+thread's stop wake reaches** (``blocking.bounded_wait`` over ``poll`` and the thread's
+eventfd), whatever the socket's own timeout. A stop that moves earlier while the call
+waits -- ``cancel()``, an earlier ``reschedule()``, ``cancel_all()``, a ``soft_raise`` soft
+limit -- therefore ends it at once, and the socket's own timeout is kept exactly: the same
+wait ends with ``socket.timeout`` when the socket's timeout, counted from the call's start,
+comes first. Rejected: running the original blocking call whenever the socket's own timeout
+ends before the stop time (the earlier design); nothing could wake it when the stop time
+moved, so a ``cancel()`` waited for the socket's timeout (redis-py's 5 s, ``requests``'s).
+
+* ``recv*``/``send*``/``sendto`` on a blocking socket: tried with ``MSG_DONTWAIT``, waited
+  for on ``EAGAIN`` (the socket itself is not changed);
+* the same on a socket with a timeout: waited for readiness first (a ready socket costs one
+  ``poll(0)``), then the original, which finds the socket ready and does not block;
+* ``accept``: wait for a pending connection, then accept;
+* ``connect``/``connect_ex``: started non-blocking, the connection waited for, its result
+  read from ``SO_ERROR``;
+* every ``ssl.SSLSocket`` record-layer call (``read``/``write``/``send`` and so ``recv*``,
+  ``sendall``; ``do_handshake``; ``unwrap``): OpenSSL runs non-blocking, and on
+  ``SSLWantReadError``/``SSLWantWriteError`` the call waits for the descriptor and retries.
+  A readable TLS socket is not a readable TLS stream (a TLS 1.3 session ticket is a record
+  without application data): a blocking read after a readiness wait would sit inside
+  OpenSSL, out of the wake's reach, for the rest of the time.
+
+``connect`` and the TLS calls set the socket's timeout to ``0.0`` for the length of each
+attempt (never for a wait) under the engine's wait shield, so it is always restored before
+anything can raise. This is sound only because nobody else uses the socket meanwhile: a
+socket being connected has no other user, and a TLS object is never used by two threads at
+once (OpenSSL's ``SSL`` object is not thread-safe; CPython does not lock it).
+
+Known limit: a socket with a timeout, or an ``accept`` on any socket, whose readiness a
+second thread takes away between the wait and the original call (two threads reading one
+socket) blocks in the original up to its own timeout (a blocking one: until ready).
 """
 
 from __future__ import annotations
@@ -28,13 +56,11 @@ from .blocking import (
     _POLLIN,
     Make,
     _POLLOUT,
-    _checkpoint,
     _monotonic,
     _poll,
     _poll_step,
     _remaining,
     _shield,
-    _stop_remaining,
     bounded_wait,
     original,
 )
@@ -42,6 +68,8 @@ from .blocking import (
 _DONTWAIT: int = getattr(socket, "MSG_DONTWAIT", 0)
 _EAGAIN = errno.EAGAIN
 _EWOULDBLOCK = errno.EWOULDBLOCK
+# A non-blocking connect in progress (EINTR: POSIX says it goes on asynchronously too).
+_CONNECTING = (errno.EINPROGRESS, errno.EINTR)
 
 
 def _is_flags(value: Any) -> bool:
@@ -49,31 +77,34 @@ def _is_flags(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _timed_out() -> OSError:
-    return socket.timeout("timed out")
-
-
-def _sock_wait(sock: Any, events: int, end: Optional[float]) -> None:
+def _sock_wait(sock: Any, events: int, end: Optional[float],
+               message: str = "timed out") -> None:
     """Wait for ``events`` on ``sock`` until ``end`` (monotonic; ``None``: no limit) or the
-    deadline; raise ``socket.timeout`` at ``end``."""
+    thread's stop time, woken by its stop wake; ``socket.timeout(message)`` at ``end``.
+
+    A socket that is ready already costs one ``poll(0)``: the stop is not looked at then
+    (the call goes ahead; a stop that passed surfaces at the next line, as anywhere)."""
     poller = _poll()
     poller.register(sock.fileno(), events)
+    if poller.poll(0):
+        return
     left = None if end is None else max(0.0, end - _monotonic())
     if not bounded_wait(_poll_step(poller), left):
-        raise _timed_out()
+        raise socket.timeout(message)
 
 
 def _with_dontwait(args: tuple[Any, ...], kwargs: dict[str, Any], index: int,
                    keywords: bool) -> Optional[tuple[tuple[Any, ...], dict[str, Any]]]:
     """``args``/``kwargs`` with ``MSG_DONTWAIT`` added to the flags at ``index``; ``None``
-    when the arguments are not well-formed (the caller then lets the original complain)."""
+    when the arguments are not well-formed (the caller then lets the original complain) or
+    the caller asked for ``MSG_DONTWAIT`` itself (its ``EAGAIN`` is the caller's answer)."""
     if "flags" in kwargs:
-        if not keywords or not _is_flags(kwargs["flags"]):
+        if not keywords or not _is_flags(kwargs["flags"]) or kwargs["flags"] & _DONTWAIT:
             return None
         kwargs = dict(kwargs, flags=kwargs["flags"] | _DONTWAIT)
         return args, kwargs
     if len(args) > index:
-        if not _is_flags(args[index]):
+        if not _is_flags(args[index]) or args[index] & _DONTWAIT:
             return None
         return args[:index] + (args[index] | _DONTWAIT,) + args[index + 1:], kwargs
     if len(args) == index:
@@ -88,15 +119,13 @@ def sock_io(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
     """A socket receive/send call (``orig(sock, *args, **kwargs)``) inside a scope.
 
     Blocking socket: try the call with ``MSG_DONTWAIT`` (the socket itself is left alone,
-    so other threads using it see no change), and on ``EAGAIN`` wait for readiness until
-    the deadline. Socket with a timeout longer than the time left: wait for readiness until
-    the deadline (``socket.timeout`` at the socket's own timeout), then make the call.
+    so other threads using it see no change), and on ``EAGAIN`` wait for readiness. Socket
+    with a timeout: wait for readiness (``socket.timeout`` at the socket's own timeout),
+    then make the call. Either wait ends at the thread's stop time, and is woken when that
+    moves earlier.
     """
     timeout = sock.gettimeout()
-    rem = _stop_remaining()
-    if rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem):
-        return orig(sock, *args, **kwargs)
-    if sock.fileno() < 0 or not _DONTWAIT:
+    if timeout == 0.0 or sock.fileno() < 0:
         return orig(sock, *args, **kwargs)
     if timeout is not None:
         _sock_wait(sock, events, _monotonic() + timeout)
@@ -105,14 +134,9 @@ def sock_io(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
     if fixed is None:
         return orig(sock, *args, **kwargs)
     dargs, dkwargs = fixed
-    return _blocking_io(sock, orig, dargs, dkwargs, events)
-
-
-def _blocking_io(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
-                 kwargs: dict[str, Any], events: int) -> Any:
     while True:
         try:
-            return orig(sock, *args, **kwargs)
+            return orig(sock, *dargs, **dkwargs)
         except BlockingIOError:
             pass
         _sock_wait(sock, events, None)  # outside the handler: no chained EAGAIN
@@ -125,17 +149,15 @@ def sock_send(sock: Any, orig_send: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any], sendall: bool) -> Any:
     """``send``/``sendall`` inside a scope (``orig_send`` is the unpatched ``send``).
 
-    Returns :data:`_RUN_ORIGINAL` when the original should run unchanged (not in a scope,
-    a timeout that ends first, a non-blocking socket, arguments it should reject itself).
-    A blocking stream socket's ``send`` returns once everything is queued, like the kernel's
-    blocking ``send``; ``sendall`` keeps its total-time meaning of a socket timeout.
+    Returns :data:`_RUN_ORIGINAL` when the original should run unchanged (a non-blocking
+    socket, ``MSG_DONTWAIT`` in the caller's flags, arguments it should reject itself). A blocking stream socket's ``send``
+    returns once everything is queued, like the kernel's blocking ``send``; ``sendall``
+    keeps CPython's meaning of a socket timeout: the whole call's, from its start.
     """
     timeout = sock.gettimeout()
-    rem = _stop_remaining()
-    if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
-            or sock.fileno() < 0 or not _DONTWAIT or kwargs or not 1 <= len(args) <= 2
-            or (len(args) == 2 and not _is_flags(args[1]))):
-        return _RUN_ORIGINAL
+    if (timeout == 0.0 or sock.fileno() < 0 or kwargs or not 1 <= len(args) <= 2
+            or (len(args) == 2 and (not _is_flags(args[1]) or args[1] & _DONTWAIT))):
+        return _RUN_ORIGINAL  # (a caller's own MSG_DONTWAIT: its EAGAIN is the answer)
     data = args[0]
     flags: int = args[1] if len(args) == 2 else 0
     blocking = timeout is None
@@ -167,56 +189,50 @@ def sock_send(sock: Any, orig_send: Callable[..., Any], args: tuple[Any, ...],
 
 
 def sock_accept(sock: Any, orig: Callable[[Any], Any]) -> Any:
-    """``socket._accept()`` inside a scope: wait until a connection is pending or the
-    deadline, then accept (see the README: a lost race with another acceptor blocks)."""
+    """``socket._accept()`` inside a scope: wait until a connection is pending (at most the
+    socket's own timeout), then accept (see the module's known limit)."""
     timeout = sock.gettimeout()
-    rem = _stop_remaining()
-    if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
-            or sock.fileno() < 0):
+    if timeout == 0.0 or sock.fileno() < 0:
         return orig(sock)
     _sock_wait(sock, _POLLIN, None if timeout is None else _monotonic() + timeout)
     return orig(sock)
 
 
-def sock_connect(sock: Any, orig: Callable[[Any, Any], Any], address: Any, ex: bool) -> Any:
-    """``connect``/``connect_ex`` inside a scope.
+def sock_connect(sock: Any, orig: Callable[[Any, Any], Any],
+                 orig_connect_ex: Callable[[Any, Any], int], address: Any, ex: bool) -> Any:
+    """``connect`` (``ex`` false) or ``connect_ex`` inside a scope.
 
-    A connection needs a non-blocking socket to be waited for, so the socket's timeout is
-    set to the time left for the duration of the call (under ``shield()``, so it is always
-    restored) -- the one patched socket call that changes the socket's state while it runs.
+    The connection is started with the socket non-blocking for that one system call
+    (under the wait shield: its timeout is always restored), then waited for like any
+    other socket wait; a connection that does not complete within the socket's own
+    timeout raises ``socket.timeout`` (``connect_ex``: returns ``EWOULDBLOCK``), as
+    CPython's own. The outcome is CPython's: ``SO_ERROR`` raised as ``OSError`` (its
+    subclass for the errno) or returned by ``connect_ex``.
     """
     timeout = sock.gettimeout()
-    rem = _stop_remaining()
-    if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
-            or sock.fileno() < 0):
-        return orig(sock, address)
-    if rem <= 0.0:
-        _checkpoint()  # raises unless shielded; shielded: the original, unchanged
+    if timeout == 0.0 or sock.fileno() < 0:
         return orig(sock, address)
     end = None if timeout is None else _monotonic() + timeout
-    timed_out = False
-    result: Any = None
     with _shield():
-        sock.settimeout(max(rem, 1e-6))
+        sock.settimeout(0.0)
         try:
-            result = orig(sock, address)
-        except socket.timeout:
-            timed_out = True
+            err = orig_connect_ex(sock, address)
         finally:
             sock.settimeout(timeout)
-    if ex and result in (_EAGAIN, _EWOULDBLOCK):
-        timed_out = True
-    if not timed_out:
-        return result
-    _checkpoint()  # the deadline ended it: raise here
-    # Shielded (or woken early): the attempt goes on; finish it within the caller's timeout.
-    try:
-        _sock_wait(sock, _POLLOUT, end)
-    except socket.timeout:
-        if ex:
-            return _EAGAIN
-        raise
-    err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if err in _CONNECTING:
+        try:
+            _sock_wait(sock, _POLLOUT, end)
+        except socket.timeout:
+            if ex:
+                return _EWOULDBLOCK
+            raise
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err == errno.EISCONN:
+            err = 0
+    elif err == _EAGAIN and timeout is None:
+        # A Unix socket whose listener's backlog is full: no readiness to wait for (a
+        # blocking connect sleeps in the kernel until there is room). The original does it.
+        return orig(sock, address)
     if ex:
         return err
     if err:
@@ -224,52 +240,48 @@ def sock_connect(sock: Any, orig: Callable[[Any, Any], Any], address: Any, ex: b
     return None
 
 
-def ssl_call(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
-             kwargs: dict[str, Any], reading: bool) -> Any:
-    """An ``ssl.SSLSocket`` call (``read``, ``write``, ``send``, ``do_handshake``) inside a
-    scope.
+# What a TLS call's socket.timeout says: CPython's _ssl messages.
+_TLS_READ, _TLS_WRITE, _TLS_HANDSHAKE, _TLS_SHUTDOWN = range(4)
+_TLS_MESSAGES = {
+    _TLS_READ: "The read operation timed out",
+    _TLS_WRITE: "The write operation timed out",
+    _TLS_HANDSHAKE: "The handshake operation timed out",
+}
 
-    The TLS record layer runs inside OpenSSL, which retries after ``EINTR`` on a blocking
-    socket; so, like ``connect``, the call runs with the socket's timeout set to the time
-    left (under ``shield()``, so it is always restored) and ``checkpoint()`` follows a
-    timeout that the deadline caused. TLS objects are not used by two threads at once, so
-    changing the timeout for the call is safe there.
+
+def ssl_call(sock: Any, orig: Callable[..., Any], args: tuple[Any, ...],
+             kwargs: dict[str, Any], op: int) -> Any:
+    """An ``ssl.SSLSocket`` call inside a scope (``op``: one of the ``_TLS_*`` kinds).
+
+    Each attempt runs OpenSSL non-blocking: the socket's timeout is ``0.0`` for the length
+    of the attempt only, under the wait shield, so it is restored before anything can
+    raise (sound because a TLS object is never used by two threads at once, see the module
+    docstring). ``SSLWantReadError``/``SSLWantWriteError`` -- no record yet, or one
+    without application data such as a TLS 1.3 session ticket -- is waited for where the
+    stop wake reaches the wait, then the attempt is retried with the same arguments (what
+    OpenSSL requires of a retried write). The socket's own timeout counts from the call's
+    start and raises ``socket.timeout`` with ``_ssl``'s message.
     """
     timeout = sock.gettimeout()
-    rem = _stop_remaining()
-    if (rem is None or timeout == 0.0 or (timeout is not None and timeout <= rem)
-            or sock.fileno() < 0 or getattr(sock, "_sslobj", None) is None):
+    if timeout == 0.0 or sock.fileno() < 0 or getattr(sock, "_sslobj", None) is None:
         return orig(sock, *args, **kwargs)
-    if reading and sock.pending():
+    if op == _TLS_READ and sock.pending():
         return orig(sock, *args, **kwargs)  # decrypted data waiting: returns at once
     end = None if timeout is None else _monotonic() + timeout
     while True:
-        rem = _stop_remaining()
-        left = None if end is None else end - _monotonic()
-        if rem is None or (left is not None and left <= rem):
-            return orig(sock, *args, **kwargs)  # the socket's own timeout ends it first
-        if rem <= 0.0:
-            _checkpoint()  # raises, unless shielded: then the original, unchanged
-            return orig(sock, *args, **kwargs)
-        if reading and not sock.pending():
-            # Wait for the peer where a wake-up can reach the wait (a cancel, a reschedule);
-            # OpenSSL then reads the record that arrived.
-            _sock_wait(sock, _POLLIN, end)
-            rem = _stop_remaining()
-            if rem is None or rem <= 0.0:
-                _checkpoint()
-                return orig(sock, *args, **kwargs)
-        timed_out = False
         with _shield():
-            sock.settimeout(rem)
+            sock.settimeout(0.0)
             try:
                 return orig(sock, *args, **kwargs)
-            except socket.timeout:
-                timed_out = True
+            except ssl.SSLWantReadError:
+                events = _POLLIN
+            except ssl.SSLWantWriteError:
+                events = _POLLOUT
             finally:
                 sock.settimeout(timeout)
-        if timed_out:
-            _checkpoint()
+        message = _TLS_MESSAGES.get(op) or _TLS_MESSAGES[
+            _TLS_READ if events == _POLLIN else _TLS_WRITE]
+        _sock_wait(sock, events, end, message)  # outside the handler: nothing chained
 
 
 # --- the wrappers --------------------------------------------------------------------------
@@ -321,22 +333,38 @@ def _make_accept(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return _accept
 
 
-def _make_connect(orig: Callable[..., Any], ex: bool) -> Callable[..., Any]:
+def _make_connect(orig_connect_ex: Callable[..., Any], orig: Callable[..., Any],
+                  ex: bool) -> Callable[..., Any]:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _remaining() is None or kwargs or len(args) != 1:
             return orig(self, *args, **kwargs)
-        return sock_connect(self, orig, args[0], ex)
+        return sock_connect(self, orig, orig_connect_ex, args[0], ex)
 
     return method
 
 
-def _make_ssl(orig: Callable[..., Any], reading: bool) -> Callable[..., Any]:
+def _make_ssl(orig: Callable[..., Any], op: int) -> Callable[..., Any]:
     def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         if _remaining() is None:
             return orig(self, *args, **kwargs)
-        return ssl_call(self, orig, args, kwargs, reading)
+        return ssl_call(self, orig, args, kwargs, op)
 
     return method
+
+
+def _make_handshake(orig: Callable[..., Any]) -> Callable[..., Any]:
+    def do_handshake(self: Any, *args: Any, **kwargs: Any) -> Any:
+        # ``block`` only matters on a non-blocking socket (it makes the handshake block),
+        # which the scoped path leaves to the original; there it would undo the attempt's
+        # non-blocking mode, so a well-formed ``block`` is dropped.
+        if (_remaining() is None or len(args) + len(kwargs) > 1
+                or (kwargs and "block" not in kwargs)):
+            return orig(self, *args, **kwargs)
+        if self.gettimeout() == 0.0:
+            return orig(self, *args, **kwargs)
+        return ssl_call(self, orig, (), {}, _TLS_HANDSHAKE)
+
+    return do_handshake
 
 
 # --- the table ---------------------------------------------------------------------------
@@ -359,15 +387,18 @@ def targets() -> list[tuple[str, Any, str, Make]]:
              lambda o: _make_send(original(socket.socket.send), o, True)),
             ("socket", sock, "sendto", _make_sendto),
             ("socket", sock, "_accept", _make_accept),
-            ("socket", sock, "connect", lambda o: _make_connect(o, False)),
-            ("socket", sock, "connect_ex", lambda o: _make_connect(o, True)),
+            ("socket", sock, "connect",
+             lambda o: _make_connect(original(socket.socket.connect_ex), o, False)),
+            ("socket", sock, "connect_ex",
+             lambda o: _make_connect(original(socket.socket.connect_ex), o, True)),
         ]
     if ssl is not None:
         tls = ssl.SSLSocket
         out += [
-            ("ssl", tls, "read", lambda o: _make_ssl(o, True)),
-            ("ssl", tls, "write", lambda o: _make_ssl(o, False)),
-            ("ssl", tls, "send", lambda o: _make_ssl(o, False)),
-            ("ssl", tls, "do_handshake", lambda o: _make_ssl(o, False)),
+            ("ssl", tls, "read", lambda o: _make_ssl(o, _TLS_READ)),
+            ("ssl", tls, "write", lambda o: _make_ssl(o, _TLS_WRITE)),
+            ("ssl", tls, "send", lambda o: _make_ssl(o, _TLS_WRITE)),
+            ("ssl", tls, "do_handshake", _make_handshake),
+            ("ssl", tls, "unwrap", lambda o: _make_ssl(o, _TLS_SHUTDOWN)),
         ]
     return out

@@ -9,13 +9,11 @@ Inside a scope (see the README's "What can be interrupted"):
 
 * ``time.sleep`` -> ``timeoutcore.sleep`` (ends at the deadline);
 * ``socket.socket`` ``recv``, ``recv_into``, ``recvfrom``, ``recvfrom_into``, ``send``,
-  ``sendall``, ``sendto``: a blocking socket is tried with ``MSG_DONTWAIT`` and waited for
-  with ``poll`` until the deadline (the socket itself is not changed); a socket with its own
-  shorter timeout keeps it; ``accept`` waits for a pending connection until the deadline;
-  ``connect``/``connect_ex`` run with the socket's timeout set to the time left;
-* ``ssl.SSLSocket`` ``read``, ``write``, ``send`` (so ``recv*``/``sendall``) and
-  ``do_handshake``: run with the socket's timeout set to the time left (OpenSSL retries
-  after ``EINTR`` itself);
+  ``sendall``, ``sendto``, ``accept``, ``connect``/``connect_ex``, and ``ssl.SSLSocket``
+  ``read``, ``write``, ``send`` (so ``recv*``/``sendall``), ``do_handshake``, ``unwrap``:
+  they wait only in a poll the stop wake reaches, whatever the socket's own timeout (which
+  keeps its meaning: ``socket.timeout`` when it comes first); TLS runs OpenSSL
+  non-blocking and waits between attempts (``_patch_socket`` has the details);
 * ``select.select``, ``select.poll`` objects' ``poll``, every ``selectors`` selector's
   ``select``;
 * ``threading.Condition.wait`` -- hence ``Event.wait``, ``Semaphore.acquire``,
