@@ -53,7 +53,9 @@ def _spinning(n: int) -> Iterator[None]:
 @pytest.mark.parametrize("spinners", [0, 1, 3])
 def test_the_code_after_a_long_c_call_is_stopped_not_run_to_the_exit(spinners: int) -> None:
     """The interrupt surfaces in the Python code that follows the call: the block never
-    reaches its end (a 0.3 s loop after the call), next to 0, 1 or 3 busy threads."""
+    reaches its end (a 1 s loop after the call), next to 0, 1 or 3 busy threads. The loop
+    is the margin: delivered as designed, it surfaces within milliseconds of the call's
+    return (at its first line on 3.12+); a fire lost to the exit would let it finish."""
 
     def block() -> tuple[bool, bool]:
         finished = False
@@ -61,14 +63,14 @@ def test_the_code_after_a_long_c_call_is_stopped_not_run_to_the_exit(spinners: i
         try:
             with scope:
                 sum(range(1_000_000))  # 10-20 ms in C, holding the GIL
-                burn(0.3)
+                burn(1.0)
                 finished = True
         except DeadlineExceeded:
             pass
         return finished, scope.expired()
 
     with _spinning(spinners), ThreadPoolExecutor(1) as pool:
-        outcomes = [pool.submit(block).result() for _ in range(30 if spinners else 10)]
+        outcomes = [pool.submit(block).result() for _ in range(100 if spinners else 20)]
     assert outcomes == [(False, True)] * len(outcomes)
 
 
