@@ -222,8 +222,11 @@ class Scope:
                 "(create a new one, or use it as a decorator)"
             )
         st = _wd.state()
-        if self._hook is not None:
-            self._hook(self, "enter", None)
+        # Stamped and active before the enter hook: the hook registers a soft limit, and
+        # the soft timer may look at the scope the moment that limit passes -- in Python a
+        # GIL switch can come between the hook and any later line, and the timer dropped a
+        # soft limit whose scope it found not yet active (so the entry counts from before
+        # the hook; the native core stamps it after, in C, where no switch comes between).
         now = time.monotonic()
         self._native_id = threading.get_native_id()
         if not self._has_deadline:
@@ -239,11 +242,17 @@ class Scope:
         while f.f_code.co_name in _ENTERS and f.f_back is not None:
             f = f.f_back
         self._frame = f
+        self._state = 1
+        if self._hook is not None:
+            try:
+                self._hook(self, "enter", None)
+            except BaseException:
+                self._state, self._st, self._frame = 0, None, None
+                raise
         if self._deadline != _NEVER:
             _wd.ensure()  # outside the lock: Thread.start() waits for the new thread
         # No lock: only this thread changes its stack, and an append is atomic under the
         # GIL (the watchdog reads the stack, at worst without this scope: not due yet).
-        self._state = 1
         st.stack.append(self)
         if self._deadline <= now:
             # Already past (cancelled before entry): fired now, so that the block ends
