@@ -145,3 +145,32 @@ def tests(session: nox.Session) -> None:
     # a developer's plain `nox` runs everything on every interpreter.
     once = ["-m", "not once"] if os.environ.get("TIMEOUTCORE_TESTS_ONCE_DONE") else []
     session.run("pytest", "tests", "-q", *once, *session.posargs)
+
+
+#: The part of the suite that exercises an engine -- scopes, deliveries, cancels, soft
+#: limits, deadline-aware waits, the race and integrity hammers -- run once more on the
+#: pure-Python engine by the ``fallback`` session. (The rest of the suite runs on whichever
+#: engine loads; the ``api`` fixture already runs many scope tests on both engines.)
+FALLBACK_TESTS = [
+    "tests/test_fallback.py",
+    "tests/test_race.py",
+    "tests/test_integrity.py",
+    "tests/test_scope.py",
+    "tests/test_cancel.py",
+    "tests/test_soft.py",
+    "tests/test_blocking.py",
+]
+
+
+@nox.session
+def fallback(session: nox.Session) -> None:
+    """The engine tests on the pure-Python engine (TIMEOUTCORE_ENGINE=fallback), on the
+    interpreter nox runs on only (the suite's tests/test_fallback.py runs its workloads on
+    that engine, in subprocesses, on every interpreter of the ``tests`` session)."""
+    _install_project(session, ".[test]")
+    env = {"TIMEOUTCORE_ENGINE": "fallback",
+           "TIMEOUTCORE_HAMMER_BLOCKS": os.environ.get("TIMEOUTCORE_HAMMER_BLOCKS", "20000")}
+    session.chdir(session.create_tmp())
+    session.run("python", "-I", "-c", CHECK_INSTALLED, env=env)
+    session.chdir(ROOT)
+    session.run("pytest", *FALLBACK_TESTS, "-q", *session.posargs, env=env)

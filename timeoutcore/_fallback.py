@@ -38,17 +38,16 @@ What it cannot do, and the native engine does:
 
 from __future__ import annotations
 
-import ctypes
 import math
 import select
 import sys
 import threading
 import time
-import weakref
 from typing import Any, Literal, Optional
 
-from . import _fallback_deliver as _dl
 from . import _deferral, _fork, _validate
+from . import _fallback_deliver as _dl
+from ._fallback_watchdog import ThreadState, Watchdog, take_back, tstate_get
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
 NAME = "fallback"
@@ -56,230 +55,12 @@ NAME = "fallback"
 INTERRUPTS_RETRIED_CALLS = False
 
 _NEVER = math.inf
-_addr = ctypes.cast(ctypes.pythonapi.PyThreadState_SetAsyncExc, ctypes.c_void_p).value or 0
-# Two prototypes of the same C function: raise a class, or clear with NULL.
-_set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(_addr)
-_clear_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)(_addr)
-_tstate_get = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyThreadState_Get", ctypes.pythonapi))
+# The watchdog, the thread states and the hookless path's clear live in their own module;
+# the names stay reachable here (tests make a fresh engine state with _fallback._Watchdog()).
+_Watchdog = Watchdog
+_ThreadState = ThreadState
 
-
-class _Drain(BaseException):
-    """Private: what :func:`_clear` raises into its own thread and catches at once."""
-
-
-def _noop() -> None:
-    pass
-
-
-def _clear(ident: int) -> None:
-    """Take back an asynchronous exception sent to thread ``ident`` -- always the calling
-    thread -- by the hookless path (``_ThreadState.injected``) and not consumed yet.
-
-    On 3.11, ``PyThreadState_SetAsyncExc(ident, NULL)`` leaves the interpreter-wide "async
-    exception pending" bit set when nothing was pending; stale, it keeps every thread's eval
-    breaker tripped, and a thread that is traced (the delivery hook, a debugger) then spins
-    at its next function entry. So there the pending exception is replaced by
-    :class:`_Drain` and consumed right here, which clears the bit."""
-    if sys.version_info >= (3, 12):
-        _clear_async_exc(ident, None)
-        return
-    consumed = False
-    try:
-        _set_async_exc(ident, _Drain)
-        _noop()  # its entry checks the eval breaker: _Drain surfaces here
-        _noop()
-    except _Drain:
-        consumed = True
-    if not consumed:  # pragma: no cover - never seen; do not leave it pending
-        _clear_async_exc(ident, None)
-
-
-class _ThreadState:
-    __slots__ = ("ident", "stack", "fired", "shield", "reinject_at", "step", "cond",
-                 "tstate", "thread", "injected", "__weakref__")
-
-    def __init__(self, ident: int) -> None:
-        self.ident = ident
-        self.stack: list[Scope] = []
-        self.fired: Optional[Scope] = None
-        self.shield = 0
-        self.reinject_at = _NEVER
-        self.step = 0.002
-        self.cond = threading.Condition(threading.Lock())
-        self.tstate: int = _tstate_get() or 0  # the thread's own PyThreadState (3.11 hook)
-        self.thread = threading.current_thread()
-        self.injected = False  # an asynchronous exception was sent (hookless path)
-
-    def deadline(self) -> float:
-        return min((s._deadline for s in self.stack), default=_NEVER)
-
-    def due(self, now: float) -> Optional[Scope]:
-        for s in self.stack:  # outermost first
-            if s._deadline <= now:
-                return s
-        return None
-
-
-def _take_back(st: _ThreadState) -> None:
-    """The thread itself: nothing stays pending or injected for it."""
-    _dl.take_back(st.ident)
-    if st.injected:
-        st.injected = False
-        _clear(st.ident)
-
-
-class _Watchdog:
-    def __init__(self) -> None:
-        # The engine's lock: every thread's scope stack changes and fires under it. Never
-        # held where an interrupt can surface (the module docstring), and never held by the
-        # watchdog while it waits for the GIL: it takes it only without blocking (run()).
-        self.lock = threading.Lock()
-        # The watchdog sleeps on this, not on a condition of self.lock: a watchdog that
-        # wakes holding the engine's lock and then waits for the GIL stalls every thread
-        # that enters or exits a scope, and runs only once they are all blocked on it --
-        # in their exits, past their deadlines, where it then fired nearly every block.
-        self.wake = threading.Event()
-        self.next_wake = _NEVER  # when the watchdog wakes by itself; poke() if earlier
-        # The thread another thread (the watchdog, a soft limit's timer) is firing or
-        # sending to right now, lock held: set before it looks at the scope's _exiting,
-        # cleared after. Scope.__exit__ reads it, after setting _exiting, to know whether it
-        # may leave without the lock (under the GIL each step is atomic and in order: the
-        # firer either sees _exiting, or the exit sees it firing and takes the lock).
-        self.firing: Optional[_ThreadState] = None
-        # weak values: a thread's state lives in its threading.local and goes with it
-        self.states: weakref.WeakValueDictionary[int, _ThreadState] = (
-            weakref.WeakValueDictionary()
-        )
-        self.thread: Optional[threading.Thread] = None
-        self.local = threading.local()
-        # Exactly one watchdog: the check and the start under one lock of their own (not
-        # self.lock: a scope's entry calls this outside self.lock, and Thread.start()
-        # waits for the new thread).
-        self.start_lock = threading.Lock()
-
-    def state(self) -> _ThreadState:
-        st: Optional[_ThreadState] = getattr(self.local, "st", None)
-        if st is None:
-            st = _ThreadState(threading.get_ident())
-            self.local.st = st
-            with self.lock:
-                self.states[st.ident] = st
-        return st
-
-    def ensure(self) -> None:
-        t = self.thread
-        if t is not None and t.is_alive():
-            return
-        with self.start_lock:
-            t = self.thread
-            if t is None or not t.is_alive():
-                t = threading.Thread(target=self.run, name="timeoutcore-watchdog", daemon=True)
-                t.start()
-                self.thread = t
-
-    def mark_fired(self, st: _ThreadState, now: float) -> bool:
-        """Mark the outermost due scope fired (lock held); False if none is, or shielded."""
-        due = st.due(now)
-        if due is None or st.shield:
-            return False
-        if st.fired is None:
-            st.fired = due
-            due._expired = True
-            due._fired_at = now
-        st.step = 0.002
-        st.reinject_at = now + st.step
-        return True
-
-    def send(self, st: _ThreadState, exc: type[BaseException], scope: Optional[Scope]) -> None:
-        """Lock held: make ``exc`` pending for it and arm the
-        hook; without a hook, an asynchronous exception if its stack allows it now."""
-        _dl.pending[st.ident] = (exc, scope)
-        if not _dl.arm(st.ident, st.tstate):
-            if scope is not None and _dl.precheck(st.ident, scope):
-                _dl.pending.pop(st.ident, None)
-                st.injected = True
-                _dl.stats["hookless"] += 1
-                _set_async_exc(st.ident, exc)
-        with st.cond:
-            st.cond.notify_all()
-
-    def fire(self, st: _ThreadState, now: float, local: bool) -> bool:
-        """Lock held: fire ``st``'s outermost due scope -- ``local``: the thread itself,
-        raising here; else for its hook. A scope already in its exit is left to it."""
-        if local:
-            if not self.mark_fired(st, now):
-                return False
-            _dl.take_back(st.ident)
-            raise _DeadlineInterrupt
-        self.firing = st  # before the look at _exiting: Scope.__exit__'s fast path
-        try:
-            due = st.due(now)
-            if due is None or due._exiting or not self.mark_fired(st, now):
-                return False
-            self.send(st, _DeadlineInterrupt, st.fired)
-            return True
-        finally:
-            self.firing = None
-
-    def backstop(self, st: _ThreadState, now: float) -> None:
-        """Lock held: ``st`` fired and its block still runs: nudge a pending delivery, or
-        send it again (the block swallowed it)."""
-        assert st.fired is not None
-        if st.ident in _dl.pending:
-            if not _dl.nudge(st.ident, st.tstate) and _dl.precheck(st.ident, st.fired):
-                _dl.pending.pop(st.ident, None)
-                st.injected = True
-                _dl.stats["hookless"] += 1
-                _set_async_exc(st.ident, _DeadlineInterrupt)
-        else:
-            self.send(st, _DeadlineInterrupt, st.fired)
-        st.step = min(st.step * 2, 0.1)
-        st.reinject_at = now + st.step
-
-    def poke(self, when: float) -> None:
-        """Wake the watchdog if ``when`` comes before its own wake-up."""
-        if when < self.next_wake:
-            self.next_wake = when
-            self.wake.set()
-
-    def scan(self) -> float:
-        """Lock held: fire what is due, back up what fired; the next time to look."""
-        now = time.monotonic()
-        nxt = _NEVER
-        for st in list(self.states.values()):
-            if st.shield or not st.stack:
-                continue
-            if st.fired is not None:
-                if st.reinject_at <= now and not st.fired._exiting:
-                    self.backstop(st, now)
-                nxt = min(nxt, st.reinject_at)
-                continue
-            d = st.deadline()
-            if d <= now:
-                self.fire(st, now, False)
-                nxt = min(nxt, st.reinject_at)
-            else:
-                nxt = min(nxt, d)
-        return nxt
-
-    def run(self) -> None:
-        while True:
-            # Taken only while this thread holds the GIL (a blocking acquire would hold the
-            # lock while waiting for the GIL: see self.wake); busy: a holder is inside a
-            # scope's entry or exit for a few lines, so look again at once.
-            if not self.lock.acquire(blocking=False):
-                time.sleep(0)
-                continue
-            try:
-                self.wake.clear()
-                nxt = self.scan()
-                self.next_wake = nxt
-            finally:
-                self.lock.release()
-            self.wake.wait(None if nxt == _NEVER else max(nxt - time.monotonic(), 0))
-
-
-_wd = _Watchdog()
+_wd = Watchdog()
 
 
 class _Link(_dl.Engine):
@@ -307,7 +88,7 @@ class _Link(_dl.Engine):
 _dl.engine = _Link()
 
 
-def _report_deferral(scope: Scope, st: _ThreadState) -> None:
+def _report_deferral(scope: Scope, st: ThreadState) -> None:
     """The scope's exit, its lock let go: a deferral longer than the cap is logged once
     (timeoutcore._deferral), interrupts held back meanwhile."""
     cap = _deferral.deferral_log_cap()
@@ -329,12 +110,12 @@ def _after_fork_in_child() -> None:
     thread's carried over, and a watchdog started again if it is inside a scope."""
     global _wd
     old = _wd
-    _wd = _Watchdog()
+    _wd = Watchdog()
     _dl.after_fork()
     st = getattr(old.local, "st", None)
     if st is not None:
         st.ident = threading.get_ident()
-        st.tstate = _tstate_get() or 0
+        st.tstate = tstate_get() or 0
         st.thread = threading.current_thread()
         st.cond = threading.Condition(threading.Lock())
         _wd.local.st = st
@@ -346,7 +127,7 @@ def _after_fork_in_child() -> None:
 _fork.register(_fork.ENGINE, after_in_child=_after_fork_in_child)
 
 
-def _drop_above(st: _ThreadState, scope: Scope) -> None:
+def _drop_above(st: ThreadState, scope: Scope) -> None:
     """Drop scopes above ``scope`` whose exit never ran.  (A loop of its own frame: on
     CPython 3.13.0 an exception raised at a `while <cond>:` back-edge skips the frame's
     with-exits, cpython#130279, and the caller holds the watchdog lock in one.)"""
@@ -354,7 +135,7 @@ def _drop_above(st: _ThreadState, scope: Scope) -> None:
         st.stack.pop()._state = 2
 
 
-def _run_hook(scope: Scope, st: _ThreadState, exc: Optional[BaseException]) -> None:
+def _run_hook(scope: Scope, st: ThreadState, exc: Optional[BaseException]) -> None:
     """The scope's exit hook, interrupts held back meanwhile; its error is reported, not
     raised (as the native core does)."""
     st.shield += 1
@@ -413,7 +194,7 @@ class Scope:
         self._entered = 0.0
         self._exited = 0.0
         self._fired_at = 0.0
-        self._st: Optional[_ThreadState] = None
+        self._st: Optional[ThreadState] = None
         self._ident: Optional[int] = None
         self._exiting = False
         self._hook: Optional[Any] = _default_hook
@@ -441,8 +222,11 @@ class Scope:
                 "(create a new one, or use it as a decorator)"
             )
         st = _wd.state()
-        if self._hook is not None:
-            self._hook(self, "enter", None)
+        # Stamped and active before the enter hook: the hook registers a soft limit, and
+        # the soft timer may look at the scope the moment that limit passes -- in Python a
+        # GIL switch can come between the hook and any later line, and the timer dropped a
+        # soft limit whose scope it found not yet active (so the entry counts from before
+        # the hook; the native core stamps it after, in C, where no switch comes between).
         now = time.monotonic()
         self._native_id = threading.get_native_id()
         if not self._has_deadline:
@@ -458,11 +242,17 @@ class Scope:
         while f.f_code.co_name in _ENTERS and f.f_back is not None:
             f = f.f_back
         self._frame = f
+        self._state = 1
+        if self._hook is not None:
+            try:
+                self._hook(self, "enter", None)
+            except BaseException:
+                self._state, self._st, self._frame = 0, None, None
+                raise
         if self._deadline != _NEVER:
             _wd.ensure()  # outside the lock: Thread.start() waits for the new thread
         # No lock: only this thread changes its stack, and an append is atomic under the
         # GIL (the watchdog reads the stack, at worst without this scope: not due yet).
-        self._state = 1
         st.stack.append(self)
         if self._deadline <= now:
             # Already past (cancelled before entry): fired now, so that the block ends
@@ -501,7 +291,7 @@ class Scope:
                     _wd.fire(st, now, True)  # raises the interrupt for the enclosing scope
         return False
 
-    def _exit_slow(self, st: _ThreadState, exc_type: Any, exc: Any) -> bool:
+    def _exit_slow(self, st: ThreadState, exc_type: Any, exc: Any) -> bool:
         """The exit when something fired, was sent, is being fired or is due: under the
         engine's lock, so that no firer acts on this scope meanwhile."""
         with _wd.lock:
@@ -523,7 +313,7 @@ class Scope:
             if claimed or self._soft_pending:
                 st.fired = None if claimed else st.fired
                 self._soft_pending = False
-                _take_back(st)
+                take_back(st)
             self._exit_exc = exc
             if self._hook is not None:
                 _run_hook(self, st, exc)
@@ -656,7 +446,7 @@ class Shield:
     __slots__ = ("_st", "_state")
 
     def __init__(self) -> None:
-        self._st: Optional[_ThreadState] = None
+        self._st: Optional[ThreadState] = None
         self._state = 0
 
     def __enter__(self) -> Shield:
@@ -666,7 +456,7 @@ class Shield:
         with _wd.lock:
             st.shield += 1
             if st.shield == 1 and st.fired is not None:
-                _take_back(st)
+                take_back(st)
         self._st = st
         self._state = 1
         return self
@@ -694,7 +484,7 @@ def sleep(seconds: float) -> None:
     if seconds is None:  # as the C core: its own message for None
         raise TypeError("sleep(): seconds must be a number, not None")
     secs = _validate.seconds(seconds, "sleep()", "seconds", allow_zero=True)
-    st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+    st: Optional[ThreadState] = getattr(_wd.local, "st", None)
     target = time.monotonic() + secs
     if st is None:
         time.sleep(secs)
@@ -716,7 +506,7 @@ def sleep(seconds: float) -> None:
 
 def checkpoint() -> None:
     """Raise here if this thread's deadline has passed; else return None."""
-    st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+    st: Optional[ThreadState] = getattr(_wd.local, "st", None)
     if st is None or not st.stack or st.shield:
         return
     _raise_sent(st)
@@ -726,11 +516,11 @@ def checkpoint() -> None:
             _wd.fire(st, now, True)
 
 
-def _raise_sent(st: _ThreadState) -> None:
+def _raise_sent(st: ThreadState) -> None:
     """An explicit raise point of the thread itself (not shielded): raise what fired or
     was sent to it (a soft limit's exception), taken back from its hook first."""
     if st.fired is not None:
-        _take_back(st)
+        take_back(st)
         raise _DeadlineInterrupt
     if st.ident in _dl.pending:
         got = _dl.take_back(st.ident)
@@ -741,7 +531,7 @@ def _raise_sent(st: _ThreadState) -> None:
 
 def current_deadline() -> Optional[float]:
     """This thread's earliest deadline as a time.monotonic() value, or None."""
-    st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+    st: Optional[ThreadState] = getattr(_wd.local, "st", None)
     if st is None or not st.stack:
         return None
     d = st.deadline()
@@ -756,7 +546,7 @@ def remaining() -> Optional[float]:
 
 def current_scope() -> Optional[Scope]:
     """The innermost active scope of this thread, or None."""
-    st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+    st: Optional[ThreadState] = getattr(_wd.local, "st", None)
     return st.stack[-1] if st is not None and st.stack else None
 
 
@@ -789,7 +579,7 @@ def scope_stacks(all_threads: bool) -> list[tuple[Any, ...]]:
     """The active scopes, one tuple per thread (outermost first): of every thread, or of
     this thread only."""
     if not all_threads:
-        st: Optional[_ThreadState] = getattr(_wd.local, "st", None)
+        st: Optional[ThreadState] = getattr(_wd.local, "st", None)
         return [tuple(st.stack)] if st is not None and st.stack else []
     with _wd.lock:
         return [tuple(st.stack) for st in list(_wd.states.values()) if st.stack]
