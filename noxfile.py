@@ -158,7 +158,6 @@ FALLBACK_TESTS = [
     "tests/test_scope.py",
     "tests/test_cancel.py",
     "tests/test_soft.py",
-    "tests/test_blocking.py",
 ]
 
 

@@ -3,11 +3,11 @@
 ``TIMEOUTCORE_ENGINE`` = ``auto`` (default: native where it loads, else fallback),
 ``native`` (fail at import if the C core cannot load) or ``fallback``.
 
-Free-threaded CPython has no fallback: the pure-Python engine raises with
-``PyThreadState_SetAsyncExc`` from its watchdog thread, which with a GIL lands only where
-the target thread next holds it, and without one lands while the target runs -- inside the
-engine's own ``with lock:`` too, leaving that lock held for ever (a suite run deadlocked so).
-There the C core loads or the import fails.
+Free-threaded CPython has no fallback: the pure-Python engine's watchdog marks an
+interrupt pending and switches a hook on for the target thread, reading and writing that
+thread's state (3.11: its tracer; where no hook can be had, an asynchronous exception after
+a look at its stack), which is sound only while the GIL keeps the target paused. There the
+C core loads or the import fails.
 
 ``core`` is the chosen :class:`~timeoutcore._engine_api.Engine`; the layers above use it
 and never ask which one it is (``ENGINE``, its name, is for people and reports).
