@@ -75,10 +75,12 @@ def dispatch(scope: Any, event: str, exc: Any) -> None:
     if event == "enter":
         soft = getattr(scope, "_soft", None)
         if soft is not None:
-            when = time.monotonic() + soft
+            features.soft_register(scope, time.monotonic() + soft)
             if scope._soft_raise:  # a stop time for this thread's waits (timeoutcore._stop)
-                _stop.add_soft(scope, when)
-            features.soft_register(scope, when)
+                # Read after the soft timer's registration, which the first time imports
+                # timeoutcore.soft and starts its thread: measured from before that, the
+                # waits' soft stop came that much before entered_at + soft.
+                _stop.add_soft(scope, time.monotonic() + soft)
         if observer is not None:
             _notify(observer.on_enter, scope)
         return
