@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
