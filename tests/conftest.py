@@ -6,6 +6,7 @@ import gc
 import os
 import sys
 import sysconfig
+import contextlib
 import threading
 import time
 import types
@@ -105,6 +106,26 @@ def burn(seconds: float) -> int:
     while time.monotonic() < end:
         n += 1
     return n
+
+
+@contextlib.contextmanager
+def spinning_threads(n: int) -> Iterator[None]:
+    """``n`` daemon threads spinning in Python code (busy neighbours) for the block."""
+    stop: list[bool] = []
+
+    def spin() -> None:
+        while not stop:
+            pass
+
+    threads = [threading.Thread(target=spin, daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.append(True)
+        for t in threads:
+            t.join(5)
 
 
 def spin_forever() -> None:

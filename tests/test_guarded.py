@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator
 
 import pytest
-from conftest import burn
+from conftest import burn, spinning_threads
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded, thread_deadline
@@ -26,25 +26,6 @@ from timeoutcore._unraisable import _QuietInterrupts
 from timeoutcore.errors import _DeadlineInterrupt
 
 pytestmark = pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="native engine")
-
-
-@contextlib.contextmanager
-def _spinning(n: int) -> Iterator[None]:
-    stop: list[bool] = []
-
-    def spin() -> None:
-        while not stop:
-            pass
-
-    threads = [threading.Thread(target=spin, daemon=True) for _ in range(n)]
-    for t in threads:
-        t.start()
-    try:
-        yield
-    finally:
-        stop.append(True)
-        for t in threads:
-            t.join(5)
 
 
 # -- 1. a C call that holds the GIL past the deadline ------------------------------------
@@ -69,7 +50,7 @@ def test_the_code_after_a_long_c_call_is_stopped_not_run_to_the_exit(spinners: i
             pass
         return finished, scope.expired()
 
-    with _spinning(spinners), ThreadPoolExecutor(1) as pool:
+    with spinning_threads(spinners), ThreadPoolExecutor(1) as pool:
         outcomes = [pool.submit(block).result() for _ in range(100 if spinners else 20)]
     assert outcomes == [(False, True)] * len(outcomes)
 

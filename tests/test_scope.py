@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from conftest import LATE, burn, in_thread, spin_forever
+from conftest import LATE, burn, in_thread, spin_forever, spinning_threads
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded
@@ -154,19 +154,6 @@ _C_CALL = 1_000_000  # sum(range(_C_CALL)): 10-20 ms in C, holding the GIL
 _C_LIMIT = 0.005
 
 
-def _spinning_neighbours(n: int) -> tuple[list[threading.Thread], list[bool]]:
-    stop: list[bool] = []
-
-    def spin() -> None:
-        while not stop:
-            pass
-
-    threads = [threading.Thread(target=spin, daemon=True) for _ in range(n)]
-    for t in threads:
-        t.start()
-    return threads, stop
-
-
 @pytest.mark.parametrize("spinners", [0, 1, 3])
 def test_a_c_call_holding_the_gil_past_the_deadline_never_ends_normally(
         api: Any, spinners: int) -> None:
@@ -183,14 +170,8 @@ def test_a_c_call_holding_the_gil_past_the_deadline_never_ends_normally(
             return "raised", scope.expired(), scope.elapsed()
         return "returned", scope.expired(), scope.elapsed()
 
-    threads, stop = _spinning_neighbours(spinners)
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            outcomes = [pool.submit(block).result() for _ in range(40 if spinners else 10)]
-    finally:
-        stop.append(True)
-        for t in threads:
-            t.join(5)
+    with spinning_threads(spinners), ThreadPoolExecutor(1) as pool:
+        outcomes = [pool.submit(block).result() for _ in range(40 if spinners else 10)]
     past = [o for o in outcomes if o[2] > _C_LIMIT]
     # the call outlasts the deadline (else the block proves nothing)
     assert len(past) >= 0.75 * len(outcomes), outcomes
