@@ -21,6 +21,9 @@ subscriber thread on that channel, which reschedules (``scope.reschedule``) or c
 (``scope.cancel``) the local scope as soon as the message arrives: no polling. Deadlines
 travel as durations, so the clocks of worker and coordinator never need to agree.
 
+Connections of your own redis-py pools under deadlines: :func:`protect_pools`
+(``timeoutcore.contrib.redis_client``, re-exported here).
+
 Redis being down never breaks a job: the local deadline is the one that stops it. The first
 failure is logged once (WARNING, logger ``timeoutcore.redis``), Redis is then left alone
 for ``retry_after`` seconds at a time, and its return is logged once (INFO).
@@ -46,8 +49,9 @@ from pydantic import BaseModel, ConfigDict
 from .. import _fork
 from .._engine import core
 from ..scope import DeadlineScope, shield, thread_deadline
+from .redis_client import protect_pools
 
-__all__ = ["DeadlineRegistry", "JobInfo", "JobNotFound"]
+__all__ = ["DeadlineRegistry", "JobInfo", "JobNotFound", "protect_pools"]
 
 log = logging.getLogger("timeoutcore.redis")
 
