@@ -540,24 +540,6 @@ def test_https_handshake_with_a_silent_server(patched: None, silent_server: str)
     expect_deadline(lambda: urllib.request.urlopen(url, context=ssl.create_default_context()))
 
 
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A throw-away self-signed certificate for 127.0.0.1 (needs the openssl command)."""
-    import shutil
-
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is not installed")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = str(d / "cert.pem"), str(d / "key.pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )
-    return cert, key
-
-
 def test_https_server_that_never_answers(patched: None, tls_files: tuple[str, str]) -> None:
     """TLS: the handshake completes, the request is sent, the response never comes. The
     limit gives a loaded machine a second and more for the handshake and the request; the

@@ -20,10 +20,8 @@ from __future__ import annotations
 import errno
 import os
 import select
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -382,22 +380,6 @@ def test_sendall_timeout_is_the_whole_call() -> None:
 
 
 # --- TLS ----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """A throw-away self-signed certificate for 127.0.0.1 (needs the openssl command)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is not installed")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = str(d / "cert.pem"), str(d / "key.pem")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", key, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True,
-    )
-    return cert, key
 
 
 class TlsPair:
