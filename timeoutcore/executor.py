@@ -13,6 +13,10 @@ calls CPython retries after EINTR, see ``timeoutcore.patch()``), and
 ``shutdown(cancel_after=S)`` at most ``S`` seconds: then the tasks still running are
 cancelled (``DeadlineCancelled`` in their futures; with ``patch()``, the processes they
 started are killed and reaped).
+
+Its futures are :class:`DeadlineFuture`: ``cancel()`` stops a task that is already running
+(the standard ``Future.cancel()`` cannot), so ``asyncio`` cancels reach the thread when the
+pool is a loop's executor (``loop.set_default_executor``, :func:`timeoutcore.to_thread`).
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Optional, TypeVar, Union
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from typing import Any, Callable, Generic, Optional, TypeVar, Union
 
 from . import _validate
 from .policy import DeadlinePolicy
@@ -65,6 +69,124 @@ def _factory(policy: Optional[DeadlinePolicy]) -> Callable[[], Any]:
     return functools.partial(thread_deadline, policy.hard, **kw)
 
 
+# The states of concurrent.futures.Future, stable since Python 3.2 and read by its
+# module-level wait()/as_completed() through the same private fields used below.
+_RUNNING = "RUNNING"
+_CANCELLED = "CANCELLED"
+_CANCELLED_AND_NOTIFIED = "CANCELLED_AND_NOTIFIED"
+
+
+class DeadlineFuture(Future[T], Generic[T]):
+    """The future of a :class:`DeadlineExecutor` task: a ``concurrent.futures.Future``
+    whose :meth:`cancel` also stops a task that is already running.
+
+    Everything else is the standard future's: ``result()``, ``exception()``,
+    ``add_done_callback()``, ``concurrent.futures.wait()``/``as_completed()``, and
+    ``asyncio.wrap_future()``, through which an asyncio cancel reaches :meth:`cancel`.
+    """
+
+    # Rule: a running task is cancelled by moving the future to CANCELLED_AND_NOTIFIED
+    # under its condition and only then cancelling the task's scope; its outcome, which
+    # the worker settles later, is then dropped (_settle). The worker drops the scope from
+    # the future under the same condition before it settles, so cancel() either stops the
+    # task (it still held its scope) or finds the task done and returns False -- never
+    # both, never a cancel that reaches the worker's own code (a scope that has exited
+    # ignores cancel()).
+    # Rejected: setting CANCELLED (as Future.cancel() does for a queued task) -- wait()
+    # and as_completed() count a future as done only once it is CANCELLED_AND_NOTIFIED,
+    # which for a queued task the worker does when it picks the item up; a running task's
+    # worker never would. Rejected: reporting the cancel only once the thread has left
+    # the task -- cancel() returning True while cancelled() is still False breaks every
+    # caller of the standard API (asyncio's wrap_future among them); wait_stopped()
+    # gives that moment to those who need it.
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._scope: Any = None  # the running task's scope; None before and after
+        self._item: Optional[Future[None]] = None  # done once the worker left the task
+
+    def cancel(self) -> bool:
+        """Cancel the task: a queued one never runs, a running one is stopped in its
+        thread (``DeadlineCancelled`` there, at its next bytecode or in any wait that
+        ``timeoutcore.patch()`` covers; with ``patch()`` the processes it started are
+        killed). Returns True and the future is cancelled at once (``cancelled()``,
+        ``done()``; ``result()`` raises ``CancelledError``); the worker thread is free as
+        soon as the task has left (:meth:`wait_stopped`). Returns False for a task that
+        finished first: it keeps its result."""
+        with self._condition:
+            if self._state != _RUNNING:
+                scope = None
+            else:
+                scope = self._scope
+                if scope is None:
+                    return False  # the task has ended; its outcome is being set
+                self._state = _CANCELLED_AND_NOTIFIED
+                for waiter in self._waiters:
+                    waiter.add_cancelled(self)
+                self._condition.notify_all()
+        if scope is None:
+            return super().cancel()
+        scope.cancel("future cancelled")
+        self._invoke_callbacks()  # type: ignore[attr-defined]  # Future's, not in typeshed
+        return True
+
+    def wait_stopped(self, timeout: Optional[float] = None) -> bool:
+        """Wait until no thread runs this task any more: it finished, was stopped by
+        :meth:`cancel`, or never started. Returns False if ``timeout`` seconds passed
+        first (a cancelled task blocked where no interrupt reaches, e.g. C code that holds
+        the GIL)."""
+        item = self._item
+        if item is None:  # only while submit() has not yet returned
+            raise RuntimeError("wait_stopped() on a future that was never submitted")
+        try:
+            item.exception(timeout)
+        except CancelledError:  # dropped unstarted by shutdown(cancel_futures=True)
+            pass
+        except TimeoutError:
+            return False
+        return True
+
+    def add_stopped_callback(self, fn: Callable[[Future[None]], object]) -> None:
+        """Call ``fn`` once no thread runs this task any more (at once if that is already
+        so): in the worker thread as it leaves the task, or in the caller's thread. ``fn``
+        gets an internal future, not this one."""
+        item = self._item
+        if item is None:
+            raise RuntimeError("add_stopped_callback() on a future that was never submitted")
+        item.add_done_callback(fn)
+
+    def _start(self, scope: Any) -> bool:
+        """The worker takes the task: False if it was cancelled while queued (waiters are
+        told); else the future is running under ``scope``."""
+        with self._condition:
+            if not self.set_running_or_notify_cancel():
+                return False
+            self._scope = scope
+            return True
+
+    def _settle(self, result: Any, exc: Optional[BaseException]) -> None:
+        """The task's outcome; dropped if the future was cancelled while it ran."""
+        with self._condition:
+            self._scope = None
+            if self._state != _RUNNING:  # cancelled while running
+                return
+        # Outside the condition: set_result/set_exception run the done callbacks. With the
+        # scope dropped, a cancel() from now on returns False and leaves the state alone.
+        if exc is None:
+            self.set_result(result)
+        else:
+            self.set_exception(exc)
+
+    def _track_item(self, item: Future[None]) -> None:
+        self._item = item
+        item.add_done_callback(self._item_done)
+
+    def _item_done(self, item: Future[None]) -> None:
+        if item.cancelled():  # ThreadPoolExecutor.shutdown(cancel_futures=True) dropped it
+            super().cancel()
+            self.set_running_or_notify_cancel()
+
+
 class _Running:
     """The scopes of the tasks running now (what ``shutdown(cancel_after=)`` cancels)."""
 
@@ -75,27 +197,41 @@ class _Running:
         self.cancelling: Optional[str] = None  # set: every task is cancelled, new ones too
         self.unfinished = 0  # futures submitted and not done
 
-    def run(self, make: Callable[[], Any], fn: Callable[..., T], args: Any, kwargs: Any) -> T:
+    def run(self, future: DeadlineFuture[Any], make: Callable[[], Any], fn: Callable[..., Any],
+            args: Any, kwargs: Any) -> None:
+        """The work item of one task, in a worker thread: runs ``fn`` under a fresh scope
+        and settles ``future``. Never raises: whatever the task raised, the interrupt of
+        its deadline or of a cancel included, is claimed inside the scope and goes to the
+        future, so nothing reaches the pool's own code."""
         scope = make()
+        if not future._start(scope):
+            return  # cancelled while queued
         with self.lock:
             self.scopes.add(scope)
             late = self.cancelling is not None
             if late:
                 scope.cancel(self.cancelling)
         try:
-            with scope:
-                if late:
-                    # Started after the cancel: it never runs. (The native core raises
-                    # before the block's first line anyway; the fallback engine only at
-                    # the block's exit, after a quick task has run.)
-                    checkpoint()
-                return fn(*args, **kwargs)
-        finally:
-            with self.lock:
-                self.scopes.discard(scope)
+            try:
+                with scope:
+                    if late:
+                        # Started after the cancel: it never runs. (The native core raises
+                        # before the block's first line anyway; the fallback engine only at
+                        # the block's exit, after a quick task has run.)
+                        checkpoint()
+                    result = fn(*args, **kwargs)
+            finally:
+                with self.lock:
+                    self.scopes.discard(scope)
+        except BaseException as exc:  # the task's outcome, as ThreadPoolExecutor keeps it
+            future._settle(None, exc)
+            del exc  # no cycle through the traceback's frame
+        else:
+            future._settle(result, None)
 
     def track(self, future: Future[Any]) -> None:
-        """Count ``future`` as unfinished until it is done (run, failed or cancelled)."""
+        """Count the work item ``future`` as unfinished until it is done (its task has run,
+        or it was dropped unstarted)."""
         with self.lock:
             self.unfinished += 1
         future.add_done_callback(self._finished)
@@ -150,13 +286,14 @@ class DeadlineExecutor(ThreadPoolExecutor):
         self._running = _Running()
         super().__init__(max_workers, thread_name_prefix, initializer, initargs)
 
-    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
-        """Run ``fn(*args, **kwargs)`` under the default policy."""
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> DeadlineFuture[T]:
+        """Run ``fn(*args, **kwargs)`` under the default policy; its future's ``cancel()``
+        stops it even while it runs (:class:`DeadlineFuture`)."""
         return self._submit(self._make, fn, args, kwargs)
 
     def submit_with(
         self, limits: Limits, fn: Callable[..., T], /, *args: Any, **kwargs: Any
-    ) -> Future[T]:
+    ) -> DeadlineFuture[T]:
         """Run ``fn(*args, **kwargs)`` under ``limits`` (seconds, a policy or a mapping)."""
         return self._submit(_factory(as_policy(limits, self.policy)), fn, args, kwargs)
 
@@ -169,7 +306,9 @@ class DeadlineExecutor(ThreadPoolExecutor):
         limits: Union[Limits, Iterable[Limits]] = None,
     ) -> Iterator[T]:
         """Like ``Executor.map``; ``limits`` is one limit for every item or an iterable
-        with one per item. Iterating raises the first failure, as ``Executor.map`` does."""
+        with one per item. Iterating raises the first failure, as ``Executor.map`` does;
+        then, or when the iterator is closed early, the tasks not yet done are cancelled --
+        running ones are stopped too (:meth:`DeadlineFuture.cancel`)."""
         if limits is None or isinstance(limits, (int, float, DeadlinePolicy, Mapping)):
             per_item: Iterable[Optional[DeadlinePolicy]] = itertools.repeat(
                 as_policy(limits, self.policy)
@@ -212,13 +351,18 @@ class DeadlineExecutor(ThreadPoolExecutor):
             self._running.cancel("executor shutdown")
 
     def _submit(self, make: Callable[[], Any], fn: Callable[..., T], args: Any,
-                kwargs: Any) -> Future[T]:
-        future = super().submit(self._running.run, make, fn, args, kwargs)
-        self._running.track(future)
+                kwargs: Any) -> DeadlineFuture[T]:
+        # The pool's own work item (a plain future, done once the worker has left the
+        # task) carries a DeadlineFuture: ThreadPoolExecutor builds its futures inside
+        # submit(), with no way to choose their class.
+        future: DeadlineFuture[T] = DeadlineFuture()
+        item = super().submit(self._running.run, future, make, fn, args, kwargs)
+        future._track_item(item)
+        self._running.track(item)
         return future
 
 
-def _results(futures: list[Future[T]], timeout: Optional[float]) -> Iterator[T]:
+def _results(futures: list[DeadlineFuture[T]], timeout: Optional[float]) -> Iterator[T]:
     import time
 
     end = None if timeout is None else time.monotonic() + timeout
