@@ -42,7 +42,8 @@ from .scope import (
 if TYPE_CHECKING:
     from . import metrics
     from ._json import ENGINE as JSON_ENGINE
-    from .executor import DeadlineExecutor
+    from .aio import to_thread
+    from .executor import DeadlineExecutor, DeadlineFuture
     from .interrupt import interrupt_with
     from .metrics import Metrics
     from .policy import DeadlinePolicy, PolicyTable, set_policy_table
@@ -58,6 +59,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "metrics": (".metrics", ""),
     "Metrics": (".metrics", "Metrics"),
     "DeadlineExecutor": (".executor", "DeadlineExecutor"),
+    "DeadlineFuture": (".executor", "DeadlineFuture"),
+    "to_thread": (".aio", "to_thread"),
     "interrupt_with": (".interrupt", "interrupt_with"),
     "DeadlinePolicy": (".policy", "DeadlinePolicy"),
     "PolicyTable": (".policy", "PolicyTable"),
@@ -128,6 +131,7 @@ __all__ = [
     "DeadlineCancelled",
     "DeadlineExceeded",
     "DeadlineExecutor",
+    "DeadlineFuture",
     "DeadlinePolicy",
     "DeadlineResult",
     "DeadlineScope",
@@ -163,6 +167,7 @@ __all__ = [
     "shield",
     "sleep",
     "socket_timeout",
+    "to_thread",
     "thread_deadline",
     "thread_deadline_at",
     "unpatch",
