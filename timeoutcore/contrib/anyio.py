@@ -137,7 +137,12 @@ async def run_in_scope(fn: Callable[..., T], args: tuple[Any, ...], make: Callab
         unbounded = anyio.CapacityLimiter(math.inf)
         _unbounded.set(unbounded)
     call = _Call()
-    await limiter.acquire_on_behalf_of(call)
+    try:
+        # Without a checkpoint when a token is free (anyio's run_sync below has its own):
+        # the awaiting form yields to the loop once more even then.
+        limiter.acquire_on_behalf_of_nowait(call)
+    except anyio.WouldBlock:
+        await limiter.acquire_on_behalf_of(call)
     # Rejected: anyio's run_sync with its default shield and a watcher task beside it that
     # hears the cancellation -- a task group per call doubled the cost of a call.
     # abandon_on_cancel=True lets the cancellation end the await at once; the token, taken

@@ -1,0 +1,161 @@
+"""The FastAPI app that tests/test_asgi.py serves with a real uvicorn process.
+
+Set up as the docs say: ``timeoutcore.patch()`` at import, the middleware with one line.
+Environment: TC_ASGI_SILENT_PORT (a loopback port that accepts and never answers),
+TC_ASGI_PG_DSN (PostgreSQL, optional).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio.to_thread
+from fastapi import Depends, FastAPI
+from fastapi.responses import StreamingResponse
+
+import timeoutcore
+from timeoutcore.contrib.asgi import DeadlineMiddleware
+
+timeoutcore.patch()
+
+app = FastAPI()
+app.add_middleware(DeadlineMiddleware, seconds=1.0, soft_limit=0.5,
+                   routes={"/fast": 30.0, "/stats": 30.0, "/roomy": 4.0})
+
+# Threads that left an endpoint through its finally block: a stopped request's thread must
+# get there (the stop is an exception in the thread, not an abandoned thread).
+left: dict[str, int] = {}
+left_lock = threading.Lock()
+
+
+def _left(name: str) -> None:
+    with left_lock:
+        left[name] = left.get(name, 0) + 1
+
+
+def slow_dependency() -> int:
+    try:
+        time.sleep(60)
+        return 1
+    finally:
+        _left("dependency")
+
+
+@app.get("/fast")
+def fast() -> dict[str, Any]:
+    return {"ok": True, "thread": threading.current_thread().name}
+
+
+@app.get("/sleep")
+def sleep() -> dict[str, Any]:
+    try:
+        time.sleep(60)
+        return {"slept": True}
+    finally:
+        _left("sleep")
+
+
+@app.get("/socket")
+def socket_read() -> dict[str, Any]:
+    try:
+        with socket.create_connection(("127.0.0.1", int(os.environ["TC_ASGI_SILENT_PORT"]))) as s:
+            return {"got": s.recv(10).decode()}
+    finally:
+        _left("socket")
+
+
+@app.get("/cpu")
+def cpu() -> dict[str, Any]:
+    try:
+        n = 0
+        while True:
+            n += 1
+    finally:
+        _left("cpu")
+
+
+@app.get("/pg")
+def pg() -> dict[str, Any]:
+    import psycopg
+
+    from timeoutcore.contrib.db import guard
+
+    try:
+        with psycopg.connect(os.environ["TC_ASGI_PG_DSN"], application_name="tc-asgi") as conn:
+            with guard(conn):
+                conn.execute("select pg_sleep(60)")
+        return {"slept": True}
+    finally:
+        _left("pg")
+
+
+@app.get("/subprocess")
+def child() -> dict[str, Any]:
+    try:
+        subprocess.run(["sleep", "60"], check=False)
+        return {"slept": True}
+    finally:
+        _left("subprocess")
+
+
+@app.get("/dependency")
+def with_dependency(value: int = Depends(slow_dependency)) -> dict[str, Any]:
+    return {"value": value}
+
+
+@app.get("/async")
+async def async_sleep() -> dict[str, Any]:
+    try:
+        await asyncio.sleep(60)
+        return {"slept": True}
+    finally:
+        _left("async")
+
+
+@app.get("/roomy")
+def roomy() -> dict[str, Any]:
+    time.sleep(1.5)  # past the default deadline, inside this route's own
+    return {"roomy": True}
+
+
+@app.get("/stream")
+def stream() -> StreamingResponse:
+    def body() -> Iterator[bytes]:
+        try:
+            for _ in range(600):
+                yield b"chunk\n"
+                time.sleep(0.1)
+        finally:
+            _left("stream")
+
+    return StreamingResponse(body(), media_type="text/plain")
+
+
+@app.get("/stats")
+async def stats() -> dict[str, Any]:
+    children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == os.getpid()]
+    with left_lock:
+        done = dict(left)
+    return {
+        "pid": os.getpid(),
+        "threads": threading.active_count(),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "borrowed": anyio.to_thread.current_default_thread_limiter().borrowed_tokens,
+        "children": len(children),
+        "left": done,
+    }
+
+
+def _parent(pid: str) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1

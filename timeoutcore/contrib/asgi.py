@@ -1,0 +1,232 @@
+"""Per-request deadlines for ASGI apps (Starlette, FastAPI), sync endpoints included.
+
+>>> app = FastAPI()
+>>> app.add_middleware(DeadlineMiddleware, seconds=2.0)
+
+A request still running at its deadline is stopped: async endpoints are cancelled, and the
+sync endpoints and sync dependencies that Starlette/FastAPI run in anyio's thread pool are
+stopped *in their threads* (a CPU loop at its next bytecode; ``time.sleep``, socket reads,
+queue waits, subprocesses once ``timeoutcore.patch()`` has been called; a PostgreSQL query
+through ``timeoutcore.contrib.db.guard``). The pool's tokens come back as soon as the threads
+are free. The client gets ``status`` (504) if no response has started; a response already
+under way is cut off (the server closes the connection), never completed as if whole.
+
+How the deadline reaches the threads: the middleware sets a context variable for the
+request, and ``anyio.to_thread.run_sync`` -- the one door through which Starlette's
+``run_in_threadpool``/``iterate_in_threadpool`` and FastAPI's sync endpoints and
+dependencies enter a thread -- is wrapped, once, when the first middleware is built: a call
+made in a request's context runs through :func:`timeoutcore.contrib.anyio.run_in_scope`
+under the request's deadline; any other call goes to anyio's function untouched.
+
+Once the response is complete (its last body message sent), the request's deadline is
+lifted: Starlette's background tasks run after that, without it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import math
+import time
+from collections.abc import Awaitable, Mapping, MutableMapping
+from typing import Any, Callable, Optional, TypeVar
+
+import anyio
+import anyio.to_thread
+
+from .. import _validate
+from ..errors import DeadlineExceeded
+from ..scope import thread_deadline_at
+from .anyio import anyio_run_sync, run_in_scope
+
+T = TypeVar("T")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+log = logging.getLogger("timeoutcore")
+
+
+class _Request:
+    """The deadline of the request being served, as the context variable carries it."""
+
+    __slots__ = ("deadline", "label", "active")
+
+    def __init__(self, deadline: float, label: str) -> None:
+        self.deadline = deadline  # time.monotonic()
+        self.label = label  # "GET /path": the scope label of its thread calls
+        self.active = True  # False once the response is complete
+
+    def scope(self) -> Any:
+        return thread_deadline_at(self.deadline, label=self.label)
+
+
+_current: contextvars.ContextVar[Optional[_Request]] = contextvars.ContextVar(
+    "timeoutcore_asgi_request", default=None)
+
+_installed = False
+
+
+def _install_carrier(stop_wait: float) -> None:
+    """Wrap ``anyio.to_thread.run_sync`` (once per process) so that calls made in a
+    request's context run under its deadline."""
+    global _installed
+    if _installed:
+        return
+    original = anyio_run_sync
+
+    @functools.wraps(original)
+    async def run_sync(func: Callable[..., T], *args: Any, abandon_on_cancel: bool = False,
+                       cancellable: Optional[bool] = None,
+                       limiter: Optional[anyio.CapacityLimiter] = None) -> T:
+        request = _current.get()
+        if request is None or not request.active:
+            return await original(func, *args, abandon_on_cancel=abandon_on_cancel,
+                                  cancellable=cancellable, limiter=limiter)
+        # abandon_on_cancel is moot here: a cancelled call is stopped, not left running.
+        return await run_in_scope(func, args, request.scope, limiter=limiter,
+                                  stop_wait=stop_wait)
+
+    # Starlette and FastAPI look the function up on the module at every call
+    # (anyio.to_thread.run_sync), which is what makes wrapping it there enough.
+    setattr(anyio.to_thread, "run_sync", run_sync)  # noqa: B010 - a typed module attribute
+    _installed = True
+
+
+def _limits(routes: Optional[Mapping[str, Optional[float]]]) -> list[tuple[str, Optional[float]]]:
+    if routes is None:
+        return []
+    if not isinstance(routes, Mapping):
+        raise TypeError("DeadlineMiddleware: routes must be a mapping of path prefixes to "
+                        f"seconds or None, not {type(routes).__name__}")
+    checked = []
+    for prefix, seconds in routes.items():
+        if not isinstance(prefix, str) or not prefix.startswith("/"):
+            raise ValueError(f"DeadlineMiddleware: routes: {prefix!r} is not a path prefix "
+                             "starting with '/'")
+        if seconds is not None:
+            seconds = _validate.seconds(seconds, "DeadlineMiddleware", f"routes[{prefix!r}]")
+        checked.append((prefix, seconds))
+    return sorted(checked, key=lambda item: len(item[0]), reverse=True)  # longest first
+
+
+class DeadlineMiddleware:
+    """ASGI middleware: every HTTP request runs under a deadline of ``seconds``.
+
+    ``soft_limit``: seconds (below ``seconds``) after which a warning naming the method and
+    path is logged while the request still runs (on asyncio; other backends log it when a
+    request that passed it ends). ``status``: the status sent when the deadline passes
+    before a response has started (default 504), with ``body`` as ``text/plain``.
+    ``routes``: per path-prefix limits, the longest matching prefix wins (``None``: no
+    deadline for those paths), e.g. ``{"/reports": 30.0, "/stream": None}``.
+    ``stop_wait``: how long a stopped request waits for its threads to leave the endpoint
+    before the response goes out (a thread blocked where no interrupt reaches it keeps its
+    pool token until it is free all the same).
+
+    Non-HTTP scopes (websocket, lifespan) pass through untouched.
+    """
+
+    def __init__(self, app: ASGIApp, seconds: float, *, soft_limit: Optional[float] = None,
+                 status: int = 504, body: bytes = b"request deadline exceeded\n",
+                 routes: Optional[Mapping[str, Optional[float]]] = None,
+                 stop_wait: float = 1.0) -> None:
+        self.app = app
+        self.seconds = _validate.seconds(seconds, "DeadlineMiddleware", "seconds")
+        self.soft_limit = None if soft_limit is None else _validate.seconds(
+            soft_limit, "DeadlineMiddleware", "soft_limit")
+        if self.soft_limit is not None and self.soft_limit >= self.seconds:
+            raise ValueError(f"DeadlineMiddleware: soft_limit ({self.soft_limit:g} s) must be "
+                             f"below seconds ({self.seconds:g} s)")
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+            raise ValueError(f"DeadlineMiddleware: status must be an HTTP status code, not "
+                             f"{status!r}")
+        if not isinstance(body, bytes):
+            raise TypeError(f"DeadlineMiddleware: body must be bytes, not {type(body).__name__}")
+        self.status = status
+        self.body = body
+        self.routes = _limits(routes)
+        self.stop_wait = _validate.seconds(stop_wait, "DeadlineMiddleware", "stop_wait",
+                                           allow_zero=True)
+        _install_carrier(self.stop_wait)
+
+    def limit_for(self, path: str) -> Optional[float]:
+        """The limit in seconds for a request to ``path`` (None: no deadline)."""
+        for prefix, seconds in self.routes:
+            if path.startswith(prefix):
+                return seconds
+        return self.seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope.get("path", ""))
+        if limit is None:
+            await self.app(scope, receive, send)
+            return
+        label = f"{scope.get('method', '')} {scope.get('path', '')}"
+        begun = time.monotonic()
+        request = _Request(begun + limit, label)
+        started = False
+        soft = self._soft_timer(label)
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            kind = message["type"]
+            if kind == "http.response.start":
+                started = True
+            elif kind == "http.response.body" and not message.get("more_body", False):
+                request.active = False  # complete: what follows runs without the deadline
+                deadline.deadline = math.inf
+            await send(message)
+
+        token = _current.set(request)
+        stopped = False
+        try:
+            with anyio.CancelScope(deadline=anyio.current_time() + limit) as deadline:
+                try:
+                    await self.app(scope, receive, guarded_send)
+                except DeadlineExceeded:
+                    # A thread call's own timer can fire just before the cancel scope's.
+                    if not request.active or time.monotonic() < request.deadline:
+                        raise
+                    stopped = True
+        finally:
+            _current.reset(token)
+            if soft is not None:
+                soft.cancel()
+        if self.soft_limit is not None and soft is None and \
+                time.monotonic() - begun >= self.soft_limit:
+            self._warn_soft(label)
+        if not (stopped or deadline.cancelled_caught):
+            return
+        if started:
+            # Cut off: returning without the last body message makes the server close the
+            # connection, so the client cannot take the response for a whole one.
+            log.warning("timeoutcore: %s passed its %g s deadline mid-response; the response "
+                        "was cut off", label, limit)
+            return
+        log.warning("timeoutcore: %s passed its %g s deadline; answered %d", label, limit,
+                    self.status)
+        await send({"type": "http.response.start", "status": self.status,
+                    "headers": [(b"content-type", b"text/plain; charset=utf-8"),
+                                (b"content-length", str(len(self.body)).encode())]})
+        await send({"type": "http.response.body", "body": self.body})
+
+    def _soft_timer(self, label: str) -> Any:
+        if self.soft_limit is None:
+            return None
+        import asyncio
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # another backend (trio): warned at the request's end
+            return None
+        return loop.call_later(self.soft_limit, self._warn_soft, label)
+
+    def _warn_soft(self, label: str) -> None:
+        log.warning("timeoutcore: %s passed its soft limit of %g s", label, self.soft_limit)
