@@ -32,7 +32,7 @@ pytest.importorskip("requests")
 pytest.importorskip("gunicorn")
 pytest.importorskip("waitress")
 
-from wsgi_servers import Server, serve  # noqa: E402
+from wsgi_servers import Server, only_aborts, serve  # noqa: E402
 
 LIMIT = 0.5  # the middleware's limit in the served application
 SOFT = 0.25
@@ -88,19 +88,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         yield srv
         log = srv.log()
     assert "WORKER TIMEOUT" not in log
-    assert _only_aborts(log), log
-
-
-def _only_aborts(log: str) -> bool:
-    """gunicorn and waitress log the ResponseAborted the middleware raises to them, with
-    its traceback: that is the abort working. Any other traceback in a log is a defect."""
-    for block in log.split("Traceback (most recent call last):")[1:]:
-        lines = [line for line in block.splitlines()[1:] if line and not line[0].isspace()]
-        what = lines[0] if lines else ""  # the exception this traceback ends with
-        if not what.startswith(("timeoutcore.contrib.wsgi.ResponseAborted: ",
-                                "timeoutcore.errors.DeadlineExceeded: ")):  # its cause
-            return False
-    return True
+    assert only_aborts(log), log
 
 
 def _pid(server: Server) -> int:

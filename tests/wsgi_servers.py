@@ -55,6 +55,18 @@ class Server:
         return json.loads(body)
 
 
+def only_aborts(log: str) -> bool:
+    """gunicorn and waitress log the ResponseAborted the middleware raises to them, with
+    its traceback: that is the abort working. Any other traceback in a log is a defect."""
+    for block in log.split("Traceback (most recent call last):")[1:]:
+        lines = [line for line in block.splitlines()[1:] if line and not line[0].isspace()]
+        what = lines[0] if lines else ""  # the exception this traceback ends with
+        if not what.startswith(("timeoutcore.contrib.wsgi.ResponseAborted: ",
+                                "timeoutcore.errors.DeadlineExceeded: ")):  # its cause
+            return False
+    return True
+
+
 def _command(kind: str, app: str, port: int, threads: int) -> list[str]:
     bind = f"127.0.0.1:{port}"
     if kind == "gunicorn":
