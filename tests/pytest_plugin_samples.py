@@ -133,12 +133,12 @@ import pytest
 from conftest import mark
 
 
-@pytest.mark.parallel_threads(3)
+@pytest.mark.force_parallel_threads(3)
 def test_parallel_sleep(marker):
     time.sleep(30)
 
 
-@pytest.mark.parallel_threads(3)
+@pytest.mark.force_parallel_threads(3)
 def test_parallel_cpu():
     n = 0
     while True:

@@ -55,7 +55,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Generator, Literal, Optional
+from typing import TYPE_CHECKING, Any, Generator, Literal, Optional
 
 import pytest
 
@@ -173,7 +173,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     # trylast: after pytest-run-parallel's own (tryfirst) hook has wrapped the tests
-    for item in _pytest_parallel.guard_workers(session.items, _guard_worker_call):
+    for item in _pytest_parallel.guard_workers(session.items, _WORKER_HOOKS):
         item.stash[_PARALLEL] = True
 
 
@@ -286,24 +286,35 @@ def _needs_guard(item: pytest.Item, timer: Optional[_Timer]) -> bool:
     return timer is not None and not timer.spent and threading.get_ident() not in backend.active
 
 
-def _guard_worker_call(item: pytest.Item, call: Callable[[], Any]) -> Any:
-    """In a pytest-run-parallel worker thread: ``call()`` under the item's deadline."""
-    __tracebackhide__ = True
+def _worker_enter(item: pytest.Item) -> Optional[DeadlineScope]:
+    """In a pytest-run-parallel worker thread: a new scope with the item's deadline, for
+    the caller to enter around the test function itself, or None (no deadline, or spent)."""
     timer = item.stash.get(_TIMER, None)
     if timer is None or not _needs_guard(item, timer):
-        return call()
-    region = _guarded(item, timer)
-    next(region)
-    try:
-        result = call()
-    except BaseException as exc:
-        region.throw(exc)
-        raise  # unreachable: the region re-raises (or raises the timeout's failure)
-    try:
-        next(region)
-    except StopIteration:
-        pass
-    return result
+        return None
+    backend = item.config.stash[_PLUGIN]
+    scope = timeoutcore.thread_deadline_at(timer.when, label=f"{_LABEL}{item.nodeid}")
+    with backend.lock:
+        backend.active[threading.get_ident()] = (item, timer, scope)
+    return scope
+
+
+def _worker_leave(item: pytest.Item, scope: DeadlineScope, exc: Optional[BaseException]) -> None:
+    """After :func:`_worker_enter`'s scope was left; ``exc`` what it raised. Raises the
+    timeout's failure when that was this scope's deadline."""
+    __tracebackhide__ = True
+    backend = item.config.stash[_PLUGIN]
+    with backend.lock:
+        entry = backend.active.pop(threading.get_ident(), None)
+    if isinstance(exc, DeadlineExceeded) and exc.scope is scope and entry is not None:
+        timer = entry[1]
+        timer.spent = True
+        interrupt = exc.__context__ if exc.__context__ is not None else exc
+        failure = pytest.fail.Exception(_failure_text(backend, timer), pytrace=True)
+        raise failure.with_traceback(interrupt.__traceback__) from None
+
+
+_WORKER_HOOKS = _pytest_parallel.Hooks(enter=_worker_enter, leave=_worker_leave)
 
 
 def _guard_phase(item: pytest.Item, when: str) -> Generator[None, Any, Any]:
