@@ -84,8 +84,8 @@ def serve(kind: str, app: str, env: dict[str, str], folder: Path, threads: int =
           ready_path: str = "/fast", timeout: float = 30.0) -> Iterator[Server]:
     port = free_port()
     log_path = folder / f"{kind}-{port}.log"
-    full_env = {**os.environ, **env,
-                "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    path = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(TESTS), path])}
     if kind == "waitress":
         full_env["WSGI_TEST_PATCH_AT_IMPORT"] = "1"
     with open(log_path, "wb") as log:

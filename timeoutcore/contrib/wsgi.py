@@ -228,7 +228,12 @@ def _scope(req: _Request, first: bool) -> DeadlineScope:
     when that is still ahead (the first part's is counted from the request's start)."""
     if first and req.soft_at is not None:
         return thread_deadline(req.limit, label=req.label, soft_limit=req.soft_at - req.start)
-    return thread_deadline_at(req.when, label=req.label)
+    left = req.when - time.monotonic()
+    if left <= 0:  # already due: a scope that fires at its entry
+        return thread_deadline_at(req.when, label=req.label)
+    # thread_deadline(seconds) rather than thread_deadline_at(when): the same stop time,
+    # and the engine's constructor directly (the _at form goes through a Python wrapper).
+    return thread_deadline(left, label=req.label)
 
 
 def _close(result: Any) -> None:
