@@ -26,21 +26,27 @@ from timeoutcore.contrib.asgi import DeadlineMiddleware
 timeoutcore.patch()
 
 app = FastAPI()
-app.add_middleware(DeadlineMiddleware, seconds=1.0, soft_limit=0.5,
-                   routes={"/fast": 30.0, "/stats": 30.0, "/roomy": 4.0})
+app.add_middleware(DeadlineMiddleware, seconds=1.5, soft_limit=0.5,
+                   routes={"/fast": 30.0, "/stats": 30.0, "/roomy": 5.0})
 
-# Threads that left an endpoint through its finally block: a stopped request's thread must
+# Endpoints entered, and left through their finally block: a stopped request's thread must
 # get there (the stop is an exception in the thread, not an abandoned thread).
+entered: dict[str, int] = {}
 left: dict[str, int] = {}
-left_lock = threading.Lock()
+counts_lock = threading.Lock()
+
+
+def _count(counts: dict[str, int], name: str) -> None:
+    with counts_lock:
+        counts[name] = counts.get(name, 0) + 1
 
 
 def _left(name: str) -> None:
-    with left_lock:
-        left[name] = left.get(name, 0) + 1
+    _count(left, name)
 
 
 def slow_dependency() -> int:
+    _count(entered, "dependency")
     try:
         time.sleep(60)
         return 1
@@ -55,6 +61,7 @@ def fast() -> dict[str, Any]:
 
 @app.get("/sleep")
 def sleep() -> dict[str, Any]:
+    _count(entered, "sleep")
     try:
         time.sleep(60)
         return {"slept": True}
@@ -64,6 +71,7 @@ def sleep() -> dict[str, Any]:
 
 @app.get("/socket")
 def socket_read() -> dict[str, Any]:
+    _count(entered, "socket")
     try:
         with socket.create_connection(("127.0.0.1", int(os.environ["TC_ASGI_SILENT_PORT"]))) as s:
             return {"got": s.recv(10).decode()}
@@ -73,6 +81,7 @@ def socket_read() -> dict[str, Any]:
 
 @app.get("/cpu")
 def cpu() -> dict[str, Any]:
+    _count(entered, "cpu")
     try:
         n = 0
         while True:
@@ -87,6 +96,7 @@ def pg() -> dict[str, Any]:
 
     from timeoutcore.contrib.db import guard
 
+    _count(entered, "pg")
     try:
         with psycopg.connect(os.environ["TC_ASGI_PG_DSN"], application_name="tc-asgi") as conn:
             with guard(conn):
@@ -98,6 +108,7 @@ def pg() -> dict[str, Any]:
 
 @app.get("/subprocess")
 def child() -> dict[str, Any]:
+    _count(entered, "subprocess")
     try:
         subprocess.run(["sleep", "60"], check=False)
         return {"slept": True}
@@ -112,6 +123,7 @@ def with_dependency(value: int = Depends(slow_dependency)) -> dict[str, Any]:
 
 @app.get("/async")
 async def async_sleep() -> dict[str, Any]:
+    _count(entered, "async")
     try:
         await asyncio.sleep(60)
         return {"slept": True}
@@ -121,13 +133,14 @@ async def async_sleep() -> dict[str, Any]:
 
 @app.get("/roomy")
 def roomy() -> dict[str, Any]:
-    time.sleep(1.5)  # past the default deadline, inside this route's own
+    time.sleep(2.5)  # past the default deadline, inside this route's own
     return {"roomy": True}
 
 
 @app.get("/stream")
 def stream() -> StreamingResponse:
     def body() -> Iterator[bytes]:
+        _count(entered, "stream")
         try:
             for _ in range(600):
                 yield b"chunk\n"
@@ -141,8 +154,8 @@ def stream() -> StreamingResponse:
 @app.get("/stats")
 async def stats() -> dict[str, Any]:
     children = [p for p in os.listdir("/proc") if p.isdigit() and _parent(p) == os.getpid()]
-    with left_lock:
-        done = dict(left)
+    with counts_lock:
+        done, began = dict(left), dict(entered)
     return {
         "pid": os.getpid(),
         "threads": threading.active_count(),
@@ -150,6 +163,7 @@ async def stats() -> dict[str, Any]:
         "borrowed": anyio.to_thread.current_default_thread_limiter().borrowed_tokens,
         "children": len(children),
         "left": done,
+        "entered": began,
     }
 
 

@@ -28,7 +28,7 @@ pytest.importorskip("uvicorn")
 from timeoutcore.contrib.asgi import DeadlineMiddleware  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-DEADLINE = 1.0  # the app's default (asgi_app.py)
+DEADLINE = 1.5  # the app's default (asgi_app.py)
 STOPPED_WELL_BEFORE = 10.0  # every blocked endpoint would run 60 s unstopped
 
 SLOW = ["sleep", "socket", "cpu", "subprocess", "dependency", "async"]
@@ -143,7 +143,11 @@ def test_every_kind_of_blocked_request_gets_504_at_its_deadline(server: Server,
         assert DEADLINE <= took < STOPPED_WELL_BEFORE, (path, took)
     stats = _settled(server, {k: 1 for k in SLOW + ["pg"]})
     # Every endpoint's thread (and the async one) left through its finally block.
-    assert all(stats["left"].get(k, 0) >= 1 for k in SLOW + ["pg"]), stats["left"]
+    # Each endpoint began before its deadline (1.5 s is far more than a thread takes to
+    # start, on a loaded machine too) and left through its finally block.
+    missing = [k for k in SLOW + ["pg"]
+               if not stats["entered"].get(k) or stats["left"].get(k) != stats["entered"][k]]
+    assert not missing, (missing, stats, server.log.read_text()[-3000:])
     assert stats["pid"] == pid and stats["borrowed"] == 0 and stats["children"] == 0, stats
     end = time.monotonic() + 10
     while _pg_connections(postgres_dsn) and time.monotonic() < end:
@@ -153,7 +157,7 @@ def test_every_kind_of_blocked_request_gets_504_at_its_deadline(server: Server,
 
 def test_a_route_with_a_longer_limit_finishes(server: Server) -> None:
     [(status, text, took)] = _gather(server, ["/roomy"])
-    assert status == 200 and "roomy" in text and took >= 1.5
+    assert status == 200 and "roomy" in text and took >= 2.5
 
 
 def test_a_streaming_response_is_cut_off_never_completed(server: Server) -> None:
@@ -203,7 +207,7 @@ def test_the_server_log_has_the_warnings_and_no_stray_exception(server: Server) 
         server.stats()
     text = server.log.read_text()
     assert "GET /sleep passed its soft limit of 0.5 s" in text
-    assert "GET /sleep passed its 1 s deadline; answered 504" in text
+    assert "GET /sleep passed its 1.5 s deadline; answered 504" in text
     # A stopped request never surfaces as an application error: no traceback, no 500.
     assert "Traceback" not in text and "Exception in ASGI application" not in text, text
 

@@ -55,8 +55,24 @@ class Blocked:
             self.left.set()
 
 
-def _pool_threads(prefix: str) -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(prefix)]
+async def _once_started(call: Blocked, stop: Any) -> None:
+    """Call ``stop()`` once ``call`` runs in its thread (a cancel that comes while the call
+    still waits for a thread is a different case: the call then never starts)."""
+    while not call.started.is_set():
+        await anyio.sleep(0.002)
+    stop()
+
+
+async def _timed_out_to_thread(call: Blocked) -> None:
+    """``asyncio.timeout`` around ``to_thread(call)``, expiring once the call runs."""
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(None) as timeout:
+        expire = asyncio.ensure_future(_once_started(call, lambda: timeout.reschedule(
+            loop.time())))
+        try:
+            await to_thread(call)
+        finally:
+            expire.cancel()
 
 
 def test_a_thousand_timed_out_to_thread_calls_leave_no_thread_blocked(patched: None) -> None:
@@ -89,8 +105,7 @@ def test_cancel_returns_once_the_thread_has_left(patched: None) -> None:
 
     async def main() -> None:
         with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.05):
-                await to_thread(call)
+            await _timed_out_to_thread(call)
         assert call.left.is_set()  # the thread was out before the caller went on
 
     asyncio.run(main())
@@ -185,8 +200,7 @@ def test_a_loop_with_another_default_executor_keeps_it(patched: None) -> None:
         plain = ThreadPoolExecutor(1)
         loop.set_default_executor(plain)
         with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.05):
-                await to_thread(call)
+            await _timed_out_to_thread(call)
         assert call.left.is_set()
         assert getattr(loop, "_default_executor") is plain
         assert tc_aio.loop_executor(loop) is not plain
@@ -201,8 +215,10 @@ def test_anyio_cancel_stops_the_thread_before_the_token_comes_back(backend: str,
         limiter = anyio.CapacityLimiter(1)
         for _ in range(20):
             call = Blocked()
-            with anyio.move_on_after(0.02) as scope:
-                await tc_anyio.run_sync(call, limiter=limiter)
+            async with anyio.create_task_group() as group:
+                with anyio.CancelScope() as scope:
+                    group.start_soon(_once_started, call, scope.cancel)
+                    await tc_anyio.run_sync(call, limiter=limiter)
             assert scope.cancelled_caught
             assert call.left.is_set() and limiter.borrowed_tokens == 0
         # fail_after: anyio's TimeoutError; the one token is free for the next call.
@@ -225,24 +241,27 @@ def test_anyio_token_stays_taken_while_a_thread_cannot_be_stopped(
     holds the GIL would be): the caller's cancellation goes on after STOP_WAIT, and the
     limiter's token stays taken until the thread has really left."""
     monkeypatch.setattr(tc_anyio, "STOP_WAIT", 0.05)
+    call = Blocked()  # only its started/left events: the body below is its own
     release = threading.Event()
-    left = threading.Event()
 
     def stubborn() -> None:
         with timeoutcore.shield():  # the interrupt waits for the shield's end
+            call.started.set()
             release.wait(60)
-            left.set()
+            call.left.set()
 
     async def main() -> None:
         limiter = anyio.CapacityLimiter(1)
-        with anyio.move_on_after(0.02) as scope:
-            await tc_anyio.run_sync(stubborn, limiter=limiter)
-        assert scope.cancelled_caught and not left.is_set()
+        async with anyio.create_task_group() as group:
+            with anyio.CancelScope() as scope:
+                group.start_soon(_once_started, call, scope.cancel)
+                await tc_anyio.run_sync(stubborn, limiter=limiter)
+        assert scope.cancelled_caught and not call.left.is_set()
         assert limiter.borrowed_tokens == 1  # the thread still works
         release.set()
         with anyio.fail_after(30):
             while limiter.borrowed_tokens:
                 await anyio.sleep(0.01)
-        assert left.is_set()
+        assert call.left.is_set()
 
     anyio.run(main, backend=backend)

@@ -17,6 +17,7 @@ The call runs on anyio's worker threads, as ``to_thread.run_sync`` does (so
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 from typing import Any, Callable, Optional, TypeVar
@@ -48,8 +49,12 @@ anyio_run_sync = anyio.to_thread.run_sync
 _NO_LIMIT = _factory(None)  # a scope without a deadline of its own, which cancel() can stop
 
 # anyio's own limiter is bypassed (our token is taken on the call's behalf, see run_sync):
-# the call goes through to_thread.run_sync with this one, which never makes it wait.
-_unbounded: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
+# the call goes through to_thread.run_sync with an unbounded one, which never makes it wait
+# and so is tied to no event loop: one serves every asyncio loop. Rejected for asyncio: an
+# anyio RunVar (one per loop) -- its look-up cost more than the rest of the call's own
+# bookkeeping together; other backends (trio) keep one per run that way.
+_asyncio_unbounded: list[anyio.CapacityLimiter] = []
+_other_unbounded: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar(
     "timeoutcore_unbounded_limiter")
 
 
@@ -107,6 +112,21 @@ def _in_thread(call: _Call, make: Callable[[], Any], fn: Callable[..., T],
                 pass
 
 
+def _unbounded_limiter() -> anyio.CapacityLimiter:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # trio
+        try:
+            return _other_unbounded.get()
+        except LookupError:
+            limiter = anyio.CapacityLimiter(math.inf)
+            _other_unbounded.set(limiter)
+            return limiter
+    if not _asyncio_unbounded:
+        _asyncio_unbounded.append(anyio.CapacityLimiter(math.inf))
+    return _asyncio_unbounded[0]
+
+
 async def run_sync(fn: Callable[..., T], /, *args: Any, limiter: Optional[anyio.CapacityLimiter]
                    = None, limit: Limits = None) -> T:
     """Call ``fn(*args)`` in one of anyio's worker threads and return its result.
@@ -131,11 +151,7 @@ async def run_in_scope(fn: Callable[..., T], args: tuple[Any, ...], make: Callab
     calls with)."""
     if limiter is None:
         limiter = anyio.to_thread.current_default_thread_limiter()
-    try:
-        unbounded = _unbounded.get()
-    except LookupError:
-        unbounded = anyio.CapacityLimiter(math.inf)
-        _unbounded.set(unbounded)
+    unbounded = _unbounded_limiter()
     call = _Call()
     try:
         # Without a checkpoint when a token is free (anyio's run_sync below has its own):

@@ -24,6 +24,7 @@ lifted: Starlette's background tasks run after that, without it.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import functools
 import logging
@@ -54,12 +55,21 @@ log = logging.getLogger("timeoutcore")
 class _Request:
     """The deadline of the request being served, as the context variable carries it."""
 
-    __slots__ = ("deadline", "label", "active")
+    __slots__ = ("deadline", "label", "active", "timer")
 
     def __init__(self, deadline: float, label: str) -> None:
         self.deadline = deadline  # time.monotonic()
         self.label = label  # "GET /path": the scope label of its thread calls
         self.active = True  # False once the response is complete
+        self.timer: Any = None  # the asyncio.Timeout or anyio.CancelScope of the request
+
+    def lift(self) -> None:
+        """The response is complete: no deadline for what the request still runs."""
+        self.active = False
+        if isinstance(self.timer, anyio.CancelScope):
+            self.timer.deadline = math.inf
+        elif self.timer is not None:
+            self.timer.reschedule(None)
 
     def scope(self) -> Any:
         return thread_deadline_at(self.deadline, label=self.label)
@@ -180,21 +190,12 @@ class DeadlineMiddleware:
             if kind == "http.response.start":
                 started = True
             elif kind == "http.response.body" and not message.get("more_body", False):
-                request.active = False  # complete: what follows runs without the deadline
-                deadline.deadline = math.inf
+                request.lift()  # complete: what follows runs without the deadline
             await send(message)
 
         token = _current.set(request)
-        stopped = False
         try:
-            with anyio.CancelScope(deadline=anyio.current_time() + limit) as deadline:
-                try:
-                    await self.app(scope, receive, guarded_send)
-                except DeadlineExceeded:
-                    # A thread call's own timer can fire just before the cancel scope's.
-                    if not request.active or time.monotonic() < request.deadline:
-                        raise
-                    stopped = True
+            stopped = await self._guarded(scope, receive, guarded_send, request, limit)
         finally:
             _current.reset(token)
             if soft is not None:
@@ -202,7 +203,7 @@ class DeadlineMiddleware:
         if self.soft_limit is not None and soft is None and \
                 time.monotonic() - begun >= self.soft_limit:
             self._warn_soft(label)
-        if not (stopped or deadline.cancelled_caught):
+        if not stopped:
             return
         if started:
             # Cut off: returning without the last body message makes the server close the
@@ -217,11 +218,46 @@ class DeadlineMiddleware:
                                 (b"content-length", str(len(self.body)).encode())]})
         await send({"type": "http.response.body", "body": self.body})
 
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, request: _Request,
+                       limit: float) -> bool:
+        """Run the app until it returns or ``limit`` passes; True if the deadline stopped it
+        (an exception of the app's own propagates)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # another backend (trio)
+            with anyio.CancelScope(deadline=anyio.current_time() + limit) as cancel_scope:
+                request.timer = cancel_scope
+                stopped = await self._app_or_deadline(scope, receive, send, request)
+            return stopped or cancel_scope.cancelled_caught
+        # On asyncio, asyncio.timeout: the cancel reaches anyio code as a native cancel,
+        # which anyio treats like its own. Rejected: anyio.CancelScope there too -- entering
+        # and leaving one cost several times the rest of the middleware.
+        timeout = asyncio.timeout(limit)
+        request.timer = timeout
+        try:
+            async with timeout:
+                stopped = await self._app_or_deadline(scope, receive, send, request)
+        except TimeoutError:
+            if not timeout.expired():
+                raise  # the app's own
+            return True
+        return stopped or timeout.expired()
+
+    async def _app_or_deadline(self, scope: Scope, receive: Receive, send: Send,
+                               request: _Request) -> bool:
+        try:
+            await self.app(scope, receive, send)
+        except DeadlineExceeded:
+            # A thread call's own timer can fire just before the loop's timer: the request's
+            # deadline, not one of the app's own.
+            if not request.active or time.monotonic() < request.deadline:
+                raise
+            return True
+        return False
+
     def _soft_timer(self, label: str) -> Any:
         if self.soft_limit is None:
             return None
-        import asyncio
-
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # another backend (trio): warned at the request's end
