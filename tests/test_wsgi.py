@@ -321,3 +321,17 @@ def test_the_decorator_refuses_bad_seconds_and_async_views() -> None:
 
     with pytest.raises(TypeError, match="async view"):
         deadline(1)(view)
+
+
+def test_the_decorator_outside_a_guarded_request_is_a_deadline_of_its_own() -> None:
+    @deadline(0.05)
+    def view() -> int:
+        n = 0
+        while n >= 0:
+            n += 1
+        return n
+
+    with pytest.raises(timeoutcore.DeadlineExceeded) as info:
+        view()
+    assert info.value.label is not None and info.value.label.endswith("view")
+    assert timeoutcore.current_scope() is None

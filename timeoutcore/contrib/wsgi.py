@@ -110,14 +110,15 @@ class ResponseAborted(Exception):
 class _Request:
     """One request's deadline: its start, its stop time, the scope running now (if any)."""
 
-    __slots__ = ("label", "limit", "scope", "soft_at", "soft_warned", "start", "when")
+    __slots__ = ("label", "limit", "scope", "soft", "soft_at", "soft_warned", "start", "when")
 
     def __init__(self, label: str, limit: float, soft: Optional[float]) -> None:
         self.label = label
         self.limit = limit
         self.start = time.monotonic()
         self.when = self.start + limit
-        self.soft_at = None if soft is None or soft >= limit else self.start + soft
+        self.soft = None if soft is None or soft >= limit else soft
+        self.soft_at = None if self.soft is None else self.start + self.soft
         self.soft_warned = False
         self.scope: Optional[DeadlineScope] = None
 
@@ -140,7 +141,7 @@ class _Request:
             self.soft_warned = True
             soft_log.warning("soft limit passed: label=%r elapsed=%.3fs soft=%ss hard=%ss",
                              self.label, time.monotonic() - self.start,
-                             round(self.soft_at - self.start, 6), self.limit)
+                             self.soft, self.limit)
 
 
 _current: contextvars.ContextVar[Optional[_Request]] = contextvars.ContextVar(
@@ -226,8 +227,8 @@ class DeadlineMiddleware:
 def _scope(req: _Request, first: bool) -> DeadlineScope:
     """The scope for the next part of the request: up to its deadline, with the soft limit
     when that is still ahead (the first part's is counted from the request's start)."""
-    if first and req.soft_at is not None:
-        return thread_deadline(req.limit, label=req.label, soft_limit=req.soft_at - req.start)
+    if first and req.soft is not None:
+        return thread_deadline(req.limit, label=req.label, soft_limit=req.soft)
     left = req.when - time.monotonic()
     if left <= 0:  # already due: a scope that fires at its entry
         return thread_deadline_at(req.when, label=req.label)
