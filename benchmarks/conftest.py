@@ -102,6 +102,9 @@ _TITLES = {
     "trigger": "trigger -> exception, worker, patch()",
     "throughput": "pools",
     "celery": "Celery integration",
+    "future-cancel": "DeadlineFuture.cancel() to the thread free",
+    "executor": "DeadlineExecutor against ThreadPoolExecutor",
+    "asgi": "FastAPI with DeadlineMiddleware (uvicorn)",
 }
 
 

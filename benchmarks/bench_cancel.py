@@ -1,0 +1,300 @@
+"""Cancel means stop: how soon a cancelled task's thread is free, what the deadline-aware
+executor costs per task, and what DeadlineMiddleware costs a FastAPI app.
+
+- ``test_cancel_to_free``: a ``DeadlineExecutor`` task blocked in a CPU loop, ``time.sleep``,
+  a socket read from a silent peer or ``Queue.get`` (``patch()`` on); ms from
+  ``future.cancel()`` until no thread runs the task (``wait_stopped()``), p50/p90/p99.
+- ``test_executor_cost``: a pool of 4 running 2,000 tasks, empty or 1 ms of CPU each, with a
+  plain ``ThreadPoolExecutor`` and with ``DeadlineExecutor`` (no limit), rounds alternated;
+  the median round per task, and the ratio.
+- ``test_fastapi_throughput``: requests/s of a fast sync endpoint through uvicorn, with and
+  without ``DeadlineMiddleware`` (two servers, rounds alternated, 4 keep-alive clients).
+- ``test_fastapi_504_latency``: 50 concurrent requests to a sync endpoint blocked in
+  ``time.sleep``, 0.5 s deadline: ms from the deadline to the 504, p50/p99.
+
+Run: ``python -m pytest benchmarks/bench_cancel.py --benchmark-only``; the figures go to
+``benchmarks/results/cancel.json`` too (merged: a partial run keeps the other parts).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import platform
+import queue
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from pytest_benchmark.fixture import BenchmarkFixture
+
+import harness as bench
+
+import timeoutcore
+from timeoutcore import DeadlineExecutor
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "cancel.json"
+TRIALS = 200
+
+_results: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def results_file() -> Iterator[None]:
+    """Write what this module measured to RESULTS, over the parts of an earlier run."""
+    yield
+    if not _results:
+        return
+    old = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    old.update(_results)
+    old["environment"] = {
+        "command": "python -m pytest benchmarks/bench_cancel.py --benchmark-only",
+        "python": platform.python_version(), "machine": platform.machine(),
+        "cpus": os.cpu_count(), "load": round(os.getloadavg()[0], 2),
+        "engine": timeoutcore.ENGINE,
+    }
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps(old, indent=2, sort_keys=True) + "\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def patched() -> Iterator[None]:
+    timeoutcore.patch()
+    yield
+    timeoutcore.unpatch()
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@pytest.mark.benchmark(group="future-cancel")
+@pytest.mark.parametrize("kind", ["cpu", "sleep", "socket", "queue"])
+def test_cancel_to_free(benchmark: BenchmarkFixture, kind: str) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(TRIALS)
+    q: queue.Queue[int] = queue.Queue()
+    peers: list[socket.socket] = []
+
+    def blocker() -> Callable[[], Any]:
+        if kind == "cpu":
+            return _spin
+        if kind == "sleep":
+            return lambda: time.sleep(60)
+        if kind == "queue":
+            return q.get
+        peer = socket.create_connection(listener.getsockname())
+        peers.append(peer)
+        return lambda: peer.recv(10)
+
+    took: list[float] = []
+
+    def run() -> None:
+        with DeadlineExecutor(1) as pool:
+            for _ in range(TRIALS):
+                started = threading.Event()
+                block = blocker()
+
+                def task(block: Callable[[], Any] = block, started: threading.Event = started
+                         ) -> None:
+                    started.set()
+                    block()
+
+                future = pool.submit(task)
+                started.wait(10)
+                time.sleep(0.001)  # into the blocking call
+                t0 = time.perf_counter()
+                assert future.cancel()
+                assert future.wait_stopped(10)
+                took.append((time.perf_counter() - t0) * 1e3)
+
+    try:
+        benchmark.pedantic(run, rounds=1, iterations=1)
+    finally:
+        for s in peers + [listener]:
+            s.close()
+    figures = dict(trials=len(took), **bench.percentiles(took))
+    _results[f"cancel_to_free_{kind}"] = figures
+    benchmark.extra_info.update(case=f"cancel -> thread free, {kind}", **figures)
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.benchmark(group="executor")
+@pytest.mark.parametrize("work_ms", [0, 1])
+def test_executor_cost(benchmark: BenchmarkFixture, work_ms: int) -> None:
+    tasks = 2000 if work_ms == 0 else 400
+    rounds: dict[str, list[float]] = {"ThreadPoolExecutor": [], "DeadlineExecutor": []}
+
+    def one_round(pool: ThreadPoolExecutor) -> float:
+        t0 = time.perf_counter()
+        futures = [pool.submit(_busy, work_ms / 1e3) for _ in range(tasks)]
+        for f in futures:
+            f.result()
+        return (time.perf_counter() - t0) / tasks * 1e6
+
+    def run() -> None:
+        with ThreadPoolExecutor(4) as plain, DeadlineExecutor(4) as guarded:
+            one_round(plain), one_round(guarded)  # warm-up: threads started
+            for _ in range(7):
+                rounds["ThreadPoolExecutor"].append(one_round(plain))
+                rounds["DeadlineExecutor"].append(one_round(guarded))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    plain_us = statistics.median(rounds["ThreadPoolExecutor"])
+    guarded_us = statistics.median(rounds["DeadlineExecutor"])
+    _results[f"executor_{work_ms}ms_tasks"] = {
+        "pool": 4, "tasks_per_round": tasks, "rounds": 7, "plain_us_per_task": round(plain_us, 2),
+        "deadline_us_per_task": round(guarded_us, 2), "ratio": round(guarded_us / plain_us, 4)}
+    benchmark.extra_info.update(
+        case=f"pool of 4, {work_ms} ms tasks",
+        note=(f"per task: ThreadPoolExecutor {plain_us:.1f} us, DeadlineExecutor "
+              f"{guarded_us:.1f} us, ratio {guarded_us / plain_us:.3f} (median of 7 "
+              "alternated rounds)"),
+        plain_us=round(plain_us, 2), deadline_us=round(guarded_us, 2),
+        ratio=round(guarded_us / plain_us, 4))
+
+
+class _Uvicorn:
+    def __init__(self, deadline: float) -> None:
+        # A port, not a bound socket passed by --fd as the tests do: uvicorn takes such a
+        # descriptor for a Unix socket and leaves Nagle's algorithm on, which holds every
+        # keep-alive response for the client's delayed ACK (40 ms).
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        env = dict(os.environ, TC_BENCH_DEADLINE=str(deadline))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "asgi_bench_app:app", "--app-dir", str(HERE),
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error",
+             "--no-access-log"], env=env)
+        end = time.monotonic() + 60
+        while True:
+            try:
+                self.get("/fast")
+                return
+            except OSError:
+                assert time.monotonic() < end and self.proc.poll() is None
+                time.sleep(0.1)
+
+    def get(self, path: str) -> int:
+        conn = _connect(self.port)
+        try:
+            conn.request("GET", path)
+            r = conn.getresponse()
+            r.read()
+            return r.status
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[str, _Uvicorn]]:
+    both = {"without": _Uvicorn(0), "with DeadlineMiddleware": _Uvicorn(0.5)}
+    yield both
+    for s in both.values():
+        s.stop()
+
+
+def _connect(port: int) -> http.client.HTTPConnection:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.connect()
+    assert conn.sock is not None
+    conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as a real client does
+    return conn
+
+
+def _hammer(port: int, seconds: float, clients: int = 4) -> float:
+    """Requests/s of ``clients`` threads, each on one keep-alive connection."""
+    counts = [0] * clients
+    end = time.perf_counter() + seconds
+
+    def client(i: int) -> None:
+        conn = _connect(port)
+        try:
+            while time.perf_counter() < end:
+                conn.request("GET", "/fast")
+                r = conn.getresponse()
+                r.read()
+                assert r.status == 200
+                counts[i] += 1
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+@pytest.mark.benchmark(group="asgi")
+def test_fastapi_throughput(benchmark: BenchmarkFixture, servers: dict[str, _Uvicorn]) -> None:
+    rates: dict[str, list[float]] = {name: [] for name in servers}
+
+    def run() -> None:
+        for s in servers.values():
+            _hammer(s.port, 0.5)  # warm-up
+        for _ in range(6):
+            for name, s in servers.items():
+                rates[name].append(_hammer(s.port, 1.5))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    plain = statistics.median(rates["without"])
+    guarded = statistics.median(rates["with DeadlineMiddleware"])
+    _results["fastapi_throughput"] = {
+        "clients": 4, "round_s": 1.5, "rounds": 6, "without_rps": [round(r) for r in
+                                                                    rates["without"]],
+        "with_rps": [round(r) for r in rates["with DeadlineMiddleware"]],
+        "without_median_rps": round(plain), "with_median_rps": round(guarded),
+        "ratio": round(guarded / plain, 4)}
+    benchmark.extra_info.update(
+        case="FastAPI fast sync endpoint, uvicorn, 4 keep-alive clients",
+        note=(f"req/s without {plain:.0f}, with DeadlineMiddleware {guarded:.0f}, ratio "
+              f"{guarded / plain:.3f} (median of 6 alternated rounds)"),
+        without_rps=round(plain), with_rps=round(guarded), ratio=round(guarded / plain, 4))
+
+
+@pytest.mark.benchmark(group="asgi")
+def test_fastapi_504_latency(benchmark: BenchmarkFixture, servers: dict[str, _Uvicorn]) -> None:
+    server = servers["with DeadlineMiddleware"]
+    late: list[float] = []
+
+    def one(_: int) -> float:
+        t0 = time.perf_counter()
+        assert server.get("/slow") == 504
+        return (time.perf_counter() - t0 - 0.5) * 1e3
+
+    def run() -> None:
+        with ThreadPoolExecutor(50) as clients:
+            for _ in range(4):
+                late.extend(clients.map(one, range(50)))
+
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    figures = dict(trials=len(late), **bench.percentiles(late))
+    _results["fastapi_504_late"] = dict(concurrent=50, deadline_s=0.5, **figures)
+    benchmark.extra_info.update(case="50 concurrent slow requests, 0.5 s deadline: 504 late by",
+                                **figures)
