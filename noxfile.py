@@ -128,7 +128,8 @@ def lint(session: nox.Session) -> None:
 def types(session: nox.Session) -> None:
     """mypy --strict (config: [tool.mypy] in pyproject.toml) over the timeoutcore package."""
     # The package itself brings cffi (imported by _ffi_build.py); types-cffi gives it types.
-    _install_project(session, ".[celery,redis]", "mypy", "types-cffi")
+    # pytest (typed) for contrib.pytest, anyio (typed) for contrib.anyio and contrib.asgi.
+    _install_project(session, ".[celery,redis,anyio]", "mypy", "types-cffi", "pytest")
     session.run("mypy", "timeoutcore", *session.posargs)
 
 

@@ -106,6 +106,7 @@ def test_hanging_tests_fail_and_the_session_goes_on(
     _check_suite(result, marks, junit, processes=1)
 
 
+@pytest.mark.once  # pytest's and its plugins' behaviour: one interpreter is enough
 def test_xdist_workers_survive(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, postgres_dsn: str
 ) -> None:
@@ -142,6 +143,7 @@ def test_escalation_ends_a_test_stuck_in_c(
     assert not any(m[:2] == ["passed", "test_never_reached"] for m in _marks(marks))
 
 
+@pytest.mark.once  # pytest's and its plugins' behaviour: one interpreter is enough
 def test_stock_thread_method_is_untouched_without_the_plugin(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,6 +160,7 @@ def test_stock_thread_method_is_untouched_without_the_plugin(
     assert not junit.exists()
 
 
+@pytest.mark.once  # option parsing
 @pytest.mark.parametrize("grace", ["-1", "abc", "inf"])
 def test_bad_grace_is_a_usage_error(pytester: pytest.Pytester, grace: str) -> None:
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
@@ -167,6 +170,7 @@ def test_bad_grace_is_a_usage_error(pytester: pytest.Pytester, grace: str) -> No
     result.stderr.fnmatch_lines([f"*--timeoutcore-grace must be *{grace}*"])
 
 
+@pytest.mark.once  # pytest's and its plugins' behaviour: one interpreter is enough
 def test_without_pytest_timeout_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
     result = pytester.runpytest_subprocess(*PLUGIN, "-p", "no:timeout", timeout=RUN_LIMIT)
@@ -202,6 +206,7 @@ def test_run_parallel_worker_threads_are_stopped(
     assert exit_threads == "threads=MainThread", exit_threads
 
 
+@pytest.mark.once  # pytest's and its plugins' behaviour: one interpreter is enough
 def test_debugger_detection_skips_the_deadline(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -115,3 +115,13 @@ def test_shutdown_example_cancels_the_jobs_and_leaves_no_child(tmp_path: Path) -
         except (OSError, ValueError):
             continue
     assert left == [], left
+
+
+def test_cancel_example_stops_every_timed_out_thread(tmp_path: Path) -> None:
+    [code] = _blocks("Cancel means stop: asyncio, anyio, FastAPI, WSGI servers, pytest")
+    script = tmp_path / "cancel.py"
+    script.write_text(code, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["still served", "stopped at 0.1 s"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import socket
 import threading
@@ -217,7 +218,13 @@ def test_the_soft_limit_logs_a_warning_naming_the_path(server: Server) -> None:
     assert "soft limit passed: label='GET /slept'" in server.log()
 
 
-def test_a_hundred_stopped_requests_leave_nothing_behind(
+# 100 in the README suite; the other interpreters' runs in CI (.ci/run sets
+# TIMEOUTCORE_TESTS_ONCE_DONE for them) do 25, which still spans every pool thread and kind
+# many times over, for the suite's time budget.
+STOPPED_REQUESTS = 25 if os.environ.get("TIMEOUTCORE_TESTS_ONCE_DONE") else 100
+
+
+def test_a_run_of_stopped_requests_leaves_nothing_behind(
         server: Server, upstream: int, pg_dsn: Optional[str]) -> None:
     kinds = ["sleep", "upstream", "cpu", "subprocess"] + (["pg"] if pg_dsn else [])
     fast = {"X-Deadline": "0.2"}
@@ -263,7 +270,7 @@ def test_a_hundred_stopped_requests_leave_nothing_behind(
     started = server.json("/diag")["children_started"]
     assert _settles(lambda: _pg_connections(pg_dsn), 0) == 0
 
-    assert batch(100, 3) == [504] * 100
+    assert batch(STOPPED_REQUESTS, 3) == [504] * STOPPED_REQUESTS
 
     assert _settles(counts, base) == base
     diag = server.json("/diag")
