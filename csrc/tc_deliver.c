@@ -22,7 +22,10 @@
  * Protected code: modules named by the Python layer (_set_protection: a
  * module and its submodules, by the frame's __name__) and code objects the
  * user protected.  A scope whose frame is not on the stack (a generator that
- * yielded inside its with) is judged by the innermost frame alone.
+ * yielded inside its with) is bounded by its owner frame (tc_guarded.c: the
+ * frame that resumes such wrappers) when that is on the stack, so protected
+ * code anywhere between the two holds the interrupt back; with neither on
+ * the stack, the innermost frame decides (stack_protected).
  *
  * The watchdog never raises into the thread itself while the hook is armed
  * (deliver_backstop): a stack it checks from outside is not the stack the
