@@ -42,6 +42,14 @@ def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, dsn: str 
     return marks
 
 
+@pytest.fixture(autouse=True)
+def _own_rootdir(pytester: pytest.Pytester) -> None:
+    """Each sample run is a project of its own: without an ini file of its own, a run
+    under a folder of this repository (nox puts its temporary files in .nox/) takes the
+    repository's pyproject.toml, its settings and a node id relative to the repository."""
+    pytester.makeini("[pytest]\n")
+
+
 def _junit(path: Path) -> dict[str, str]:
     """testcase name -> "passed" or its failure message's first line."""
     root = ET.parse(path).getroot()
