@@ -184,7 +184,7 @@ class _Uvicorn:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "asgi_bench_app:app", "--app-dir", str(HERE),
              "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error",
-             "--no-access-log"], env=env)
+             "--no-access-log"], env=env, cwd=str(HERE))  # not the source tree's package
         end = time.monotonic() + 60
         while True:
             try:

@@ -158,6 +158,7 @@ async def stats() -> dict[str, Any]:
         done, began = dict(left), dict(entered)
     return {
         "pid": os.getpid(),
+        "engine": timeoutcore.ENGINE,
         "threads": threading.active_count(),
         "fds": len(os.listdir("/proc/self/fd")),
         "borrowed": anyio.to_thread.current_default_thread_limiter().borrowed_tokens,

@@ -25,6 +25,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
+import timeoutcore  # noqa: E402
 from timeoutcore.contrib.asgi import DeadlineMiddleware  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -71,7 +72,11 @@ def server(tmp_path_factory: pytest.TempPathFactory, silent_port: int,
         proc = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "asgi_app:app", "--app-dir", str(HERE),
              "--fd", str(listener.fileno()), "--log-level", "warning", "--no-access-log"],
-            stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=[listener.fileno()])
+            stdout=out, stderr=subprocess.STDOUT, env=env, pass_fds=[listener.fileno()],
+            # Not the repository's root: `python -m` puts the working folder first on
+            # sys.path, and the source tree's timeoutcore (no compiled core for this
+            # interpreter) would stand in for the installed one.
+            cwd=str(HERE))
     listener.close()
     srv = Server(f"http://127.0.0.1:{port}", log, proc)
     try:
@@ -132,6 +137,7 @@ def _pg_connections(dsn: str) -> int:
 
 def test_every_kind_of_blocked_request_gets_504_at_its_deadline(server: Server,
                                                                 postgres_dsn: str) -> None:
+    assert server.stats()["engine"] == timeoutcore.ENGINE  # the installed package's
     pid = server.stats()["pid"]
     results = _gather(server, [f"/{p}" for p in SLOW + ["pg"]] + ["/fast"])
     for path, (status, text, took) in zip(SLOW + ["pg", "fast"], results):
