@@ -130,21 +130,36 @@ def test_cancel_to_free(benchmark: BenchmarkFixture, kind: str) -> None:
     benchmark.extra_info.update(case=f"cancel -> thread free, {kind}", **figures)
 
 
-def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+def _work(n: int) -> int:
+    """A fixed amount of Python work (not a time-bounded spin: with four threads sharing
+    the GIL, a spin that watches the clock finishes while it waits for the GIL)."""
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def _iterations_for(seconds: float) -> int:
+    n = 10_000
+    while True:
+        t0 = time.perf_counter()
+        _work(n)
+        took = time.perf_counter() - t0
+        if took > 0.05:
+            return max(1, int(n * seconds / took))
+        n *= 2
 
 
 @pytest.mark.benchmark(group="executor")
 @pytest.mark.parametrize("work_ms", [0, 1])
 def test_executor_cost(benchmark: BenchmarkFixture, work_ms: int) -> None:
     tasks = 2000 if work_ms == 0 else 400
+    n = _iterations_for(work_ms / 1e3) if work_ms else 0
     rounds: dict[str, list[float]] = {"ThreadPoolExecutor": [], "DeadlineExecutor": []}
 
     def one_round(pool: ThreadPoolExecutor) -> float:
         t0 = time.perf_counter()
-        futures = [pool.submit(_busy, work_ms / 1e3) for _ in range(tasks)]
+        futures = [pool.submit(_work, n) for _ in range(tasks)]
         for f in futures:
             f.result()
         return (time.perf_counter() - t0) / tasks * 1e6

@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio.to_thread
+import psycopg
 from fastapi import Depends, FastAPI
 from fastapi.responses import StreamingResponse
 
 import timeoutcore
 from timeoutcore.contrib.asgi import DeadlineMiddleware
+from timeoutcore.contrib.db import guard
 
 timeoutcore.patch()
 
@@ -92,10 +94,6 @@ def cpu() -> dict[str, Any]:
 
 @app.get("/pg")
 def pg() -> dict[str, Any]:
-    import psycopg
-
-    from timeoutcore.contrib.db import guard
-
     _count(entered, "pg")
     try:
         with psycopg.connect(os.environ["TC_ASGI_PG_DSN"], application_name="tc-asgi") as conn:

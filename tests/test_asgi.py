@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -153,7 +154,7 @@ def test_every_kind_of_blocked_request_gets_504_at_its_deadline(server: Server,
     # start, on a loaded machine too) and left through its finally block.
     missing = [k for k in SLOW + ["pg"]
                if not stats["entered"].get(k) or stats["left"].get(k) != stats["entered"][k]]
-    assert not missing, (missing, stats, server.log.read_text()[-3000:])
+    assert not missing, f"{missing} {json.dumps(stats)}\n{server.log.read_text()[-3000:]}"
     assert stats["pid"] == pid and stats["borrowed"] == 0 and stats["children"] == 0, stats
     end = time.monotonic() + 10
     while _pg_connections(postgres_dsn) and time.monotonic() < end:
