@@ -192,6 +192,16 @@ def no_leftover() -> Iterator[None]:
 
 
 @pytest.fixture
+def patched_for_test() -> Iterator[None]:
+    """``timeoutcore.patch()`` for the test; undone after it unless it was on before."""
+    already = timeoutcore.is_patched()
+    timeoutcore.patch()
+    yield
+    if not already:
+        timeoutcore.unpatch()
+
+
+@pytest.fixture
 def pipe() -> Iterator[tuple[int, int]]:
     """A pipe (read end, write end), closed after the test."""
     r, w = os.pipe()

@@ -15,23 +15,12 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, Callable
 
 import pytest
 from conftest import spin_forever
 
-import timeoutcore
 from timeoutcore import DeadlineExecutor
-
-
-@pytest.fixture
-def patched() -> Iterator[None]:
-    already = timeoutcore.is_patched()
-    timeoutcore.patch()
-    yield
-    if not already:
-        timeoutcore.unpatch()
 
 
 def _silent_peer() -> tuple[socket.socket, socket.socket]:
@@ -53,7 +42,7 @@ def _blockers() -> dict[str, Callable[[], Any]]:
 
 
 @pytest.mark.parametrize("kind", ["cpu", "sleep", "queue", "event", "socket"])
-def test_cancel_stops_a_running_task_and_frees_its_worker(kind: str, patched: None) -> None:
+def test_cancel_stops_a_running_task_and_frees_its_worker(kind: str, patched_for_test: None) -> None:
     started = threading.Event()
     left: list[BaseException] = []
     peer = _silent_peer() if kind == "socket" else None
@@ -88,7 +77,7 @@ def test_cancel_stops_a_running_task_and_frees_its_worker(kind: str, patched: No
                 s.close()
 
 
-def test_wait_and_as_completed_see_a_cancelled_running_task(patched: None) -> None:
+def test_wait_and_as_completed_see_a_cancelled_running_task(patched_for_test: None) -> None:
     with DeadlineExecutor(2) as pool:
         started = threading.Barrier(3)
 
@@ -137,7 +126,7 @@ def test_shutdown_cancel_futures_ends_queued_futures() -> None:
     pool.shutdown(wait=True)
 
 
-def test_except_exception_in_the_task_cannot_swallow_the_cancel(patched: None) -> None:
+def test_except_exception_in_the_task_cannot_swallow_the_cancel(patched_for_test: None) -> None:
     caught: list[Exception] = []
     started = threading.Event()
 
@@ -157,7 +146,7 @@ def test_except_exception_in_the_task_cannot_swallow_the_cancel(patched: None) -
     assert caught == []
 
 
-def test_map_closed_early_stops_the_running_items(patched: None) -> None:
+def test_map_closed_early_stops_the_running_items(patched_for_test: None) -> None:
     with DeadlineExecutor(2) as pool:
         results = pool.map(time.sleep, [0, 60, 60])
         assert next(results) is None
@@ -178,7 +167,7 @@ class _Records(logging.Handler):
 
 
 @pytest.mark.parametrize("switch", [None, 200e-6], ids=["default-switch", "switch-200us"])
-def test_cancels_racing_completion_never_leak_an_interrupt(switch: Any, patched: None) -> None:
+def test_cancels_racing_completion_never_leak_an_interrupt(switch: Any, patched_for_test: None) -> None:
     """Cancels land at random moments around the end of short tasks. Each future ends
     either with its result or cancelled; an interrupt that leaked out of a task's scope
     would show as a DeadlineCancelled in a later, uncancelled task (or in the pool's own

@@ -8,7 +8,6 @@ import contextvars
 import queue
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,15 +26,6 @@ def _backends() -> list[str]:
     except ImportError:
         return ["asyncio"]
     return ["asyncio", "trio"]
-
-
-@pytest.fixture
-def patched() -> Iterator[None]:
-    already = timeoutcore.is_patched()
-    timeoutcore.patch()
-    yield
-    if not already:
-        timeoutcore.unpatch()
 
 
 class Blocked:
@@ -75,7 +65,7 @@ async def _timed_out_to_thread(call: Blocked) -> None:
             expire.cancel()
 
 
-def test_a_thousand_timed_out_to_thread_calls_leave_no_thread_blocked(patched: None) -> None:
+def test_a_thousand_timed_out_to_thread_calls_leave_no_thread_blocked(patched_for_test: None) -> None:
     """asyncio.to_thread(q.get) under asyncio.timeout, with a 4-thread DeadlineExecutor as
     the loop's default: every round's thread is stopped, so the pool never fills up with
     blocked getters (the stock executor is left with every worker stuck in q.get)."""
@@ -100,7 +90,7 @@ def test_a_thousand_timed_out_to_thread_calls_leave_no_thread_blocked(patched: N
     assert q.empty()
 
 
-def test_cancel_returns_once_the_thread_has_left(patched: None) -> None:
+def test_cancel_returns_once_the_thread_has_left(patched_for_test: None) -> None:
     call = Blocked()
 
     async def main() -> None:
@@ -112,7 +102,7 @@ def test_cancel_returns_once_the_thread_has_left(patched: None) -> None:
     assert call.started.is_set()
 
 
-def test_task_cancel_and_a_failing_task_group_stop_the_thread(patched: None) -> None:
+def test_task_cancel_and_a_failing_task_group_stop_the_thread(patched_for_test: None) -> None:
     first, second = Blocked(), Blocked()
 
     async def fail_soon() -> None:
@@ -190,7 +180,7 @@ def test_the_loop_gets_a_deadline_executor_that_asyncio_run_shuts_down() -> None
     assert not set(threading.enumerate()) - before  # asyncio.run shut its threads down
 
 
-def test_a_loop_with_another_default_executor_keeps_it(patched: None) -> None:
+def test_a_loop_with_another_default_executor_keeps_it(patched_for_test: None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     call = Blocked()
@@ -210,7 +200,7 @@ def test_a_loop_with_another_default_executor_keeps_it(patched: None) -> None:
 
 @pytest.mark.parametrize("backend", _backends())
 def test_anyio_cancel_stops_the_thread_before_the_token_comes_back(backend: str,
-                                                                   patched: None) -> None:
+                                                                   patched_for_test: None) -> None:
     async def main() -> None:
         limiter = anyio.CapacityLimiter(1)
         for _ in range(20):

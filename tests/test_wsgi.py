@@ -33,7 +33,7 @@ pytest.importorskip("requests")
 pytest.importorskip("gunicorn")
 pytest.importorskip("waitress")
 
-from wsgi_servers import Server, only_aborts, serve  # noqa: E402
+from wsgi_servers import Server, assert_clean_log, serve, settles  # noqa: E402
 
 LIMIT = 0.5  # the middleware's limit in the served application
 SOFT = 0.25
@@ -92,8 +92,7 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         srv.first_pid = srv.json("/fast")["pid"]  # type: ignore[attr-defined]
         yield srv
         log = srv.log()
-    assert "WORKER TIMEOUT" not in log
-    assert only_aborts(log), log
+    assert_clean_log(log)
 
 
 def _pid(server: Server) -> int:
@@ -121,18 +120,6 @@ def _pg_connections(dsn: Optional[str]) -> int:
     return int(row[0])
 
 
-def _settles(read: Any, want: Any, within: float = 10.0) -> Any:
-    """Poll ``read()`` until it equals ``want`` (a server closes a finished connection, and
-    PostgreSQL ends a closed session's backend, a moment after the client has its answer);
-    return the last value read."""
-    end = time.monotonic() + within
-    while True:
-        got = read()
-        if got == want or time.monotonic() > end:
-            return got
-        time.sleep(0.05)
-
-
 # --- the served application -------------------------------------------------------------
 
 
@@ -155,7 +142,7 @@ def test_a_stuck_request_gets_504_at_its_deadline(server: Server, kind: str, ups
         diag = server.json("/diag")
         assert diag["children_started"] >= 1 and diag["children_left"] == []
     if kind == "pg":
-        assert _settles(lambda: _pg_connections(pg_dsn), 0) == 0
+        assert settles(lambda: _pg_connections(pg_dsn), 0) == 0
 
 
 def test_fast_requests_are_served_while_slow_ones_are_stuck(
@@ -191,7 +178,7 @@ def test_a_streamed_response_stopped_half_way_is_cut_short(server: Server) -> No
         server.request("/stream")
     assert LIMIT - 0.05 <= time.monotonic() - start < LIMIT + LATE
     assert info.value.partial == b"first chunk\n"
-    assert _settles(lambda: server.json("/diag")["streams_closed"], closed + 1) == closed + 1
+    assert settles(lambda: server.json("/diag")["streams_closed"], closed + 1) == closed + 1
     assert _pid(server) == server.first_pid  # type: ignore[attr-defined]
     assert "deadline exceeded: GET /stream after" in server.log()
     assert "response aborted" in server.log()
@@ -272,15 +259,15 @@ def test_a_run_of_stopped_requests_leaves_nothing_behind(
         time.sleep(0.1)
     base = (min(r[0] for r in readings), min(r[1] for r in readings))
     started = server.json("/diag")["children_started"]
-    assert _settles(lambda: _pg_connections(pg_dsn), 0) == 0
+    assert settles(lambda: _pg_connections(pg_dsn), 0) == 0
 
     assert batch(STOPPED_REQUESTS, 3) == [504] * STOPPED_REQUESTS
 
-    assert _settles(counts, base) == base
+    assert settles(counts, base) == base
     diag = server.json("/diag")
     assert diag["children_left"] == [] and diag["children_started"] > started
     assert diag["pid"] == server.first_pid  # type: ignore[attr-defined]
-    assert _settles(lambda: _pg_connections(pg_dsn), 0) == 0
+    assert settles(lambda: _pg_connections(pg_dsn), 0) == 0
 
 
 def test_the_server_never_timed_out_its_worker(server: Server) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import http.client
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ pytest.importorskip("django")
 pytest.importorskip("gunicorn")
 psycopg = pytest.importorskip("psycopg")
 
-from wsgi_servers import Server, only_aborts, serve  # noqa: E402
+from wsgi_servers import Server, assert_clean_log, only_aborts, serve, settles  # noqa: E402
 
 LIMIT = 0.5
 LATE = 2.5  # generous bound on a 504's lateness past its deadline (loaded 2-core CI)
@@ -60,8 +59,7 @@ def django_server(table: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         srv.first_pid = srv.json("/fast")["pid"]  # type: ignore[attr-defined]
         yield srv
         log = srv.log()
-    assert "WORKER TIMEOUT" not in log
-    assert only_aborts(log), log
+    assert_clean_log(log)
 
 
 def _active_queries(dsn: str) -> int:
@@ -77,22 +75,13 @@ def _connections(dsn: str) -> int:
     return int(rows[0][0])
 
 
-def _settles(read: Any, want: Any, within: float = 10.0) -> Any:
-    end = time.monotonic() + within
-    while True:
-        got = read()
-        if got == want or time.monotonic() > end:
-            return got
-        time.sleep(0.05)
-
-
 def test_a_query_stopped_in_a_transaction_is_cancelled_and_rolled_back(
         django_server: Server, table: str) -> None:
     before = django_server.json("/fast")
     status, body, elapsed = django_server.request("/atomic-sleep?tag=stopped")
     assert (status, body) == (504, BODY)
     assert LIMIT - 0.05 <= elapsed < LIMIT + LATE
-    assert _settles(lambda: _active_queries(table), 0) == 0  # pg_sleep is not running on
+    assert settles(lambda: _active_queries(table), 0) == 0  # pg_sleep is not running on
     # The next request, on the same (only) thread: a working connection, no transaction
     # left open, and the stopped request's insert is gone.
     after = django_server.json("/fast")
@@ -111,7 +100,7 @@ def test_stopped_queries_leave_one_working_connection(django_server: Server,
         status, body, _ = django_server.request("/pg-sleep")
         assert (status, body) == (504, BODY)
         assert django_server.json("/fast")["autocommit"] is True
-    assert _settles(lambda: _active_queries(table), 0) == 0
+    assert settles(lambda: _active_queries(table), 0) == 0
     assert _connections(table) == 1  # one persistent connection: reused or replaced
 
 

@@ -67,6 +67,24 @@ def only_aborts(log: str) -> bool:
     return True
 
 
+def settles(read: Any, want: Any, within: float = 10.0) -> Any:
+    """Poll ``read()`` until it equals ``want`` (a server closes a finished connection, and
+    PostgreSQL ends a closed session's backend, a moment after the client has its answer);
+    return the last value read."""
+    end = time.monotonic() + within
+    while True:
+        got = read()
+        if got == want or time.monotonic() > end:
+            return got
+        time.sleep(0.05)
+
+
+def assert_clean_log(log: str) -> None:
+    """gunicorn's own timeout never fired, and the only tracebacks are the aborts."""
+    assert "WORKER TIMEOUT" not in log
+    assert only_aborts(log), log
+
+
 def _command(kind: str, app: str, port: int, threads: int) -> list[str]:
     bind = f"127.0.0.1:{port}"
     if kind == "gunicorn":
