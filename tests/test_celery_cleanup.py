@@ -145,6 +145,10 @@ def test_with_the_options_nothing_survives_a_task(full: Worker, tmp_path: Path, 
     assert full.app.tasks["t.quick"].delay(4).get(timeout=WAIT) == 8
 
 
+# The README suite runs it; the other interpreters' CI runs skip it (CI time): the same
+# stops, deliveries and process kills run on every interpreter in the test above, which
+# only adds the options.
+@pytest.mark.once
 @pytest.mark.parametrize("task, expect", LIMITED)
 def test_without_the_options_a_stopped_task_leaves_nothing(plain: Worker, tmp_path: Path,
                                                            task: str, expect: Any) -> None:
