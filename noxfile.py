@@ -129,7 +129,7 @@ def types(session: nox.Session) -> None:
     """mypy --strict (config: [tool.mypy] in pyproject.toml) over the timeoutcore package."""
     # The package itself brings cffi (imported by _ffi_build.py); types-cffi gives it types.
     # pytest (typed) for contrib.pytest, anyio (typed) for contrib.anyio and contrib.asgi.
-    _install_project(session, ".[celery,redis,anyio]", "mypy", "types-cffi", "pytest")
+    _install_project(session, ".[celery,redis,anyio,dramatiq,rq,huey]", "mypy", "types-cffi", "pytest")
     session.run("mypy", "timeoutcore", *session.posargs)
 
 
