@@ -221,6 +221,16 @@ def redis_url(tmp_path_factory: Any) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def silent_peer() -> Iterator[Any]:
+    """A loopback peer that accepts every connection and never answers
+    (:class:`silent_peer.SilentPeer`: ``.url``, ``.host``, ``.port``)."""
+    from silent_peer import SilentPeer
+
+    with SilentPeer() as peer:
+        yield peer
+
+
+@pytest.fixture(scope="session")
 def postgres_dsn(tmp_path_factory: Any) -> Iterator[str]:
     """A live PostgreSQL: $TIMEOUTCORE_TEST_POSTGRES_DSN, else a throw-away cluster started
     for this session; skipped only where neither exists."""

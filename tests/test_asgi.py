@@ -48,14 +48,10 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def silent_port() -> Iterator[int]:
-    """A loopback port whose listener accepts connections (the kernel's backlog) and
-    never sends a byte."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(128)
-    yield s.getsockname()[1]
-    s.close()
+def silent_port(silent_peer: Any) -> int:
+    """A loopback port whose peer accepts connections and never sends a byte."""
+    port: int = silent_peer.port
+    return port
 
 
 @pytest.fixture(scope="module")

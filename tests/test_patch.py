@@ -511,12 +511,10 @@ def test_popen_started_outside_is_not_killed(patched: None) -> None:
 
 
 @pytest.fixture
-def silent_server() -> Iterator[str]:
-    """A loopback server that accepts connections (the kernel's backlog) and never answers."""
-    srv = socket.create_server(("127.0.0.1", 0), backlog=16)
-    host, port = srv.getsockname()[:2]
-    yield f"http://{host}:{port}/"
-    srv.close()
+def silent_server(silent_peer: Any) -> str:
+    """The URL of a loopback server that accepts connections and never answers."""
+    url: str = silent_peer.url
+    return url
 
 
 def test_urllib_against_a_silent_server(patched: None, silent_server: str) -> None:
