@@ -8,6 +8,7 @@ TC_ASGI_PG_DSN (PostgreSQL, optional).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -31,8 +32,8 @@ app = FastAPI()
 app.add_middleware(DeadlineMiddleware, seconds=1.5, soft_limit=0.5,
                    routes={"/fast": 30.0, "/stats": 30.0, "/roomy": 5.0})
 
-# Endpoints entered, and left through their finally block: a stopped request's thread must
-# get there (the stop is an exception in the thread, not an abandoned thread).
+# Endpoints entered, and left however their body ended (_tracked): a stopped request's thread
+# must get there (the stop is an exception in the thread, not an abandoned thread).
 entered: dict[str, int] = {}
 left: dict[str, int] = {}
 counts_lock = threading.Lock()
@@ -43,17 +44,20 @@ def _count(counts: dict[str, int], name: str) -> None:
         counts[name] = counts.get(name, 0) + 1
 
 
-def _left(name: str) -> None:
-    _count(left, name)
+@contextlib.contextmanager
+def _tracked(name: str) -> Iterator[None]:
+    """Counts the endpoint ``name`` in ``entered``, and in ``left`` however its body ends."""
+    _count(entered, name)
+    try:
+        yield
+    finally:
+        _count(left, name)
 
 
 def slow_dependency() -> int:
-    _count(entered, "dependency")
-    try:
+    with _tracked("dependency"):
         time.sleep(60)
         return 1
-    finally:
-        _left("dependency")
 
 
 @app.get("/fast")
@@ -63,55 +67,40 @@ def fast() -> dict[str, Any]:
 
 @app.get("/sleep")
 def sleep() -> dict[str, Any]:
-    _count(entered, "sleep")
-    try:
+    with _tracked("sleep"):
         time.sleep(60)
         return {"slept": True}
-    finally:
-        _left("sleep")
 
 
 @app.get("/socket")
 def socket_read() -> dict[str, Any]:
-    _count(entered, "socket")
-    try:
+    with _tracked("socket"):
         with socket.create_connection(("127.0.0.1", int(os.environ["TC_ASGI_SILENT_PORT"]))) as s:
             return {"got": s.recv(10).decode()}
-    finally:
-        _left("socket")
 
 
 @app.get("/cpu")
 def cpu() -> dict[str, Any]:
-    _count(entered, "cpu")
-    try:
+    with _tracked("cpu"):
         n = 0
         while True:
             n += 1
-    finally:
-        _left("cpu")
 
 
 @app.get("/pg")
 def pg() -> dict[str, Any]:
-    _count(entered, "pg")
-    try:
+    with _tracked("pg"):
         with psycopg.connect(os.environ["TC_ASGI_PG_DSN"], application_name="tc-asgi") as conn:
             with guard(conn):
                 conn.execute("select pg_sleep(60)")
         return {"slept": True}
-    finally:
-        _left("pg")
 
 
 @app.get("/subprocess")
 def child() -> dict[str, Any]:
-    _count(entered, "subprocess")
-    try:
+    with _tracked("subprocess"):
         subprocess.run(["sleep", "60"], check=False)
         return {"slept": True}
-    finally:
-        _left("subprocess")
 
 
 @app.get("/dependency")
@@ -121,12 +110,9 @@ def with_dependency(value: int = Depends(slow_dependency)) -> dict[str, Any]:
 
 @app.get("/async")
 async def async_sleep() -> dict[str, Any]:
-    _count(entered, "async")
-    try:
+    with _tracked("async"):
         await asyncio.sleep(60)
         return {"slept": True}
-    finally:
-        _left("async")
 
 
 @app.get("/roomy")
@@ -138,13 +124,10 @@ def roomy() -> dict[str, Any]:
 @app.get("/stream")
 def stream() -> StreamingResponse:
     def body() -> Iterator[bytes]:
-        _count(entered, "stream")
-        try:
+        with _tracked("stream"):
             for _ in range(600):
                 yield b"chunk\n"
                 time.sleep(0.1)
-        finally:
-            _left("stream")
 
     return StreamingResponse(body(), media_type="text/plain")
 
