@@ -177,11 +177,8 @@ class DeadlineFuture(Future[T], Generic[T]):
         else:
             self.set_exception(exc)
 
-    def _track_item(self, item: Future[None]) -> None:
-        self._item = item
-        item.add_done_callback(self._item_done)
-
     def _item_done(self, item: Future[None]) -> None:
+        """The work item ``item`` is done: the task ran, or the pool dropped it unstarted."""
         if item.cancelled():  # ThreadPoolExecutor.shutdown(cancel_futures=True) dropped it
             super().cancel()
             self.set_running_or_notify_cancel()
@@ -229,18 +226,22 @@ class _Running:
         else:
             future._settle(result, None)
 
-    def track(self, future: Future[Any]) -> None:
-        """Count the work item ``future`` as unfinished until it is done (its task has run,
-        or it was dropped unstarted)."""
+    def track(self, item: Future[None], future: DeadlineFuture[Any]) -> None:
+        """Count the work item ``item`` of ``future`` as unfinished until it is done (its
+        task has run, or it was dropped unstarted); then ``future`` learns it too. One done
+        callback serves both."""
+        future._item = item
         with self.lock:
             self.unfinished += 1
-        future.add_done_callback(self._finished)
 
-    def _finished(self, future: Future[Any]) -> None:
-        with self.lock:
-            self.unfinished -= 1
-            if not self.unfinished:
-                self.idle.notify_all()
+        def finished(item: Future[None]) -> None:
+            future._item_done(item)
+            with self.lock:
+                self.unfinished -= 1
+                if not self.unfinished:
+                    self.idle.notify_all()
+
+        item.add_done_callback(finished)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every submitted task has finished; False when ``timeout`` passed
@@ -357,8 +358,7 @@ class DeadlineExecutor(ThreadPoolExecutor):
         # submit(), with no way to choose their class.
         future: DeadlineFuture[T] = DeadlineFuture()
         item = super().submit(self._running.run, future, make, fn, args, kwargs)
-        future._track_item(item)
-        self._running.track(item)
+        self._running.track(item, future)
         return future
 
 
