@@ -79,6 +79,16 @@ def test_soft_limit_not_reached_calls_nothing(api: Any) -> None:
     assert scope.result.status == "completed"
 
 
+def test_the_soft_warning_gives_the_hard_limit_in_force(
+        api: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="timeoutcore")
+    fired = threading.Event()
+    with api.thread_deadline(5, soft=0.05, label="moved", on_soft=lambda s: fired.set()) as scope:
+        scope.reschedule(scope.entered_at + 7)
+        assert fired.wait(10)  # the callback runs after the warning is logged
+    assert "label='moved'" in caplog.text and "hard=7.000s" in caplog.text
+
+
 def test_soft_raise_is_catchable_and_the_hard_limit_follows(api: Any, where: Any) -> None:
     def body() -> Any:
         seen = []

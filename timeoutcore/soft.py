@@ -93,13 +93,16 @@ class _SoftTimer:
 
     def _fire(self, scope: Any) -> None:
         scope._soft_fired = True
+        # The hard limit as it stands now: reschedule() moves it, and the limit the scope
+        # was created with would then be wrong.
+        when = scope.when()
         log.warning(
-            "soft limit passed: label=%r thread=%s elapsed=%.3fs soft=%ss hard=%ss",
+            "soft limit passed: label=%r thread=%s elapsed=%.3fs soft=%ss hard=%s",
             scope.label,
             thread_name(scope.thread_ident),
             scope.elapsed(),
             scope._soft,
-            scope.limit,
+            "none" if when is None else f"{when - scope.entered_at:.3f}s",
         )
         if scope._soft_raise:
             self._deliver(scope)
