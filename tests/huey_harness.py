@@ -1,0 +1,101 @@
+"""Real Huey consumers for the tests and the benchmark: ``huey_consumer huey_app.huey`` in a
+subprocess (cwd = tests/), on a Huey of its own name, and the same app in this process to
+enqueue, revoke and read results."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from huey_app import App, make_huey, stamps_key
+
+TESTS = Path(__file__).resolve().parent
+
+
+class Consumer:
+    """``huey_consumer huey_app.huey -k <kind> -w <workers>`` in a subprocess; ``app`` is the
+    same app (same name, same tasks) in this process. ``install``/``patch``: the consumer's
+    app calls ``timeoutcore.contrib.huey.install(huey, patch=patch)``; ``stamps``: it
+    records when task signals fire (``huey_app.stamps_key``)."""
+
+    baseline: Any = None  # what a test module saw of the consumer at its start
+
+    def __init__(self, url: str, folder: Path, *, kind: str = "thread", workers: int = 1,
+                 install: bool = True, patch: bool = True, stamps: bool = False,
+                 caller_install: bool = True) -> None:
+        self.name = f"timeoutcore-test-{uuid.uuid4().hex}"
+        self.kind = kind
+        self.app: App = make_huey(url, self.name, install=caller_install, stamps=stamps)
+        self.log_path = folder / f"consumer-{kind}-{self.name[-8:]}.log"
+        env = dict(os.environ, TC_URL=url, TC_HUEY_NAME=self.name,
+                   TC_INSTALL=str(int(install)), TC_PATCH=str(int(patch)),
+                   TC_STAMPS=str(int(stamps)),
+                   PYTHONPATH=os.pathsep.join(
+                       p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p))
+        with self.log_path.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "huey.bin.huey_consumer", "huey_app.huey", "-k", kind,
+                 "-w", str(workers), "-d", "0.01", "-m", "0.05"],
+                cwd=TESTS, env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+        self._wait_ready()
+
+    @property
+    def huey(self) -> Any:
+        return self.app.huey
+
+    def __getitem__(self, task: str) -> Any:
+        return self.app[task]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text: str, timeout: float = 10.0) -> bool:
+        """Whether ``text`` shows up in the consumer's log within ``timeout`` seconds."""
+        end = time.monotonic() + timeout
+        while text not in self.log():
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.02)
+        return True
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        end = time.monotonic() + timeout
+        while "Huey consumer started" not in self.log():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                self.stop()
+                raise AssertionError(f"the consumer did not start:\n{self.log()[-3000:]}")
+            time.sleep(0.02)
+
+    def stop(self) -> int:
+        """SIGTERM (huey's immediate shutdown); the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def close(self) -> int:
+        """Stop the consumer, delete this app's keys from Redis (queue, schedule, results,
+        flags, stamps) and close this process's connections; the consumer's exit status."""
+        status = self.stop()
+        huey = self.app.huey
+        huey.flush()
+        huey.storage.conn.delete(stamps_key(huey))
+        huey.storage.conn.connection_pool.disconnect()
+        return status
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
