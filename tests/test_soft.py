@@ -26,14 +26,16 @@ def wait_until(cond: Any, timeout: float = 5.0) -> bool:
 def test_soft_callback_once_off_the_enforcing_threads(
     api: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    calls: list[tuple[str, int, int]] = []
+    # Thread objects, not idents: the guarded thread may have ended before the callback's
+    # pool thread starts, and a new thread can reuse an ended one's ident.
+    calls: list[tuple[str, threading.Thread, int]] = []
     guarded = []
 
     def on_soft(scope: Any) -> None:
-        calls.append((scope.label, threading.get_ident(), threading.get_native_id()))
+        calls.append((scope.label, threading.current_thread(), threading.get_native_id()))
 
     def body() -> Any:
-        guarded.append(threading.get_ident())
+        guarded.append(threading.current_thread())
         with pytest.raises(DeadlineExceeded):
             with api.thread_deadline(5, soft=0.05, on_soft=on_soft, label="job") as scope:
                 # The soft limit must pass while the block runs, however slow the machine:
@@ -49,7 +51,8 @@ def test_soft_callback_once_off_the_enforcing_threads(
         assert wait_until(lambda: len(calls) == 1)
     time.sleep(0.05)
     assert len(calls) == 1 and calls[0][0] == "job"
-    assert calls[0][1] != guarded[0]
+    assert calls[0][1] is not guarded[0]
+    assert calls[0][1].name.startswith("timeoutcore-on-soft")
     if api.name == "native":
         from timeoutcore import _native
 
