@@ -25,7 +25,17 @@ if not sys.platform.startswith("linux"):
 # Free-threaded builds (timeoutcore._engine.FREE_THREADED) load the same core: it runs under
 # its own lock there (csrc/tc_lock.h) and declares that it needs no GIL.
 
-from ._timeoutcore import ffi, lib  # type: ignore[import-not-found]  # noqa: E402
+try:
+    from ._timeoutcore import ffi, lib  # type: ignore[import-not-found]
+except ModuleNotFoundError as _exc:
+    if _exc.name != f"{__package__}._timeoutcore":
+        raise  # the core is there but needs something missing (cffi's backend): say that
+    # A pure-Python install (setup.py: TIMEOUTCORE_PURE_PYTHON=1, or a C core that could not
+    # be compiled where it was installed) has no C core at all.
+    raise ImportError(
+        "this timeoutcore installation has no C core (a pure-Python build); reinstall it "
+        "on Linux with a C compiler to get the native engine"
+    ) from _exc
 
 _MODNAME = "timeoutcore._core"
 
