@@ -1,8 +1,25 @@
-"""The README's runnable example does what it says (docs that drift are defects)."""
+"""The README's and the docs' code examples do what they say (docs that drift are defects).
+
+The rule for a code block in README.md and docs/**/*.md:
+
+- ```` ```python ````: a complete program. It is run, as a script in a scratch folder, and
+  must exit 0 (test_example_runs). A block whose first line names a file (``# tasks.py``)
+  is one file of an example that needs more than one process or file: the test named for
+  it in ``MULTI_FILE`` runs it and checks what it prints; a file block not listed there is
+  configuration for a server (``gunicorn.conf.py``, Django's ``settings.py``) and is
+  compiled only.
+- ```` ```py ````: a fragment (names defined elsewhere, a server or a database needed):
+  compiled, not run.
+
+Pages another session's tests cover are listed in ``OWN_TESTS`` with the test that runs
+their examples.
+"""
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import subprocess
 import sys
 import time
@@ -10,24 +27,128 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 
 # Documentation examples: what they exercise is tested on every interpreter elsewhere.
 pytestmark = pytest.mark.once
 
+#: The pages whose examples their integration's own test module runs.
+OWN_TESTS = {"dramatiq.md": "tests/test_dramatiq.py", "rq.md": "tests/test_rq.py",
+             "huey.md": "tests/test_huey.py"}
 
-def test_feature_example_runs(tmp_path: Path) -> None:
+#: Blocks that name their file, by that name: the test below that runs them.
+MULTI_FILE = {
+    "tasks.py": "test_celery_example_runs_with_a_threads_pool_worker",
+    "client.py": "test_celery_example_runs_with_a_threads_pool_worker",
+    "registry.py": "test_redis_registry_example_runs",
+    "worker.py": "test_shutdown_example_cancels_the_jobs_and_leaves_no_child",
+    "stop_threads.py": "test_cancel_example_stops_every_timed_out_thread",
+    "tour.py": "test_tour_runs_every_feature",
+}
+
+FENCE = re.compile(r"^```(python|py)\n(.*?)^```", re.M | re.S)
+FILE_NAME = re.compile(r"#\s*([\w.]+\.py)\b")
+
+
+def _pages() -> list[Path]:
     if not README.exists():  # tests copied out of the source tree to test an installed wheel
-        pytest.skip("README.md is not beside tests/ (not a source checkout)")
-    text = README.read_text(encoding="utf-8")
-    section = text.split("## Soft limits, cleanup, results, policies, metrics, thread pool")[1]
-    code = section.split("```python", 1)[1].split("```", 1)[0]
-    script = tmp_path / "example.py"
+        return []
+    pages = [README, *sorted(DOCS.rglob("*.md"))]
+    return [p for p in pages if p.name not in OWN_TESTS and "_build" not in p.parts]
+
+
+def _blocks() -> list[tuple[str, str, str]]:
+    """(id, kind, code) of every code block: kind is "run", "file" or "fragment"."""
+    found = []
+    for page in _pages():
+        text = page.read_text(encoding="utf-8")
+        for n, match in enumerate(FENCE.finditer(text), 1):
+            lang, code = match.groups()
+            line = text[:match.start()].count("\n") + 1
+            first = FILE_NAME.match(code.splitlines()[0]) if code.strip() else None
+            kind = "fragment" if lang == "py" else "file" if first else "run"
+            found.append((f"{page.relative_to(ROOT)}:{line}", kind, code))
+    return found
+
+
+BLOCKS = _blocks()
+
+
+def _named(name: str) -> str:
+    """The one block whose first line names ``name``."""
+    matches = [code for _, kind, code in BLOCKS
+               if kind == "file" and FILE_NAME.match(code.splitlines()[0])[1] == name]
+    if not matches:
+        pytest.skip("the docs are not beside tests/ (not a source checkout)")
+    assert len(matches) == 1, f"{len(matches)} blocks are named {name}"
+    return matches[0]
+
+
+def _run(code: str, tmp_path: Path, name: str = "example.py", timeout: float = 60,
+         **env: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / name
     script.write_text(code, encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-        timeout=60, env=dict(os.environ),
-    )
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ, **env))
+
+
+@pytest.mark.parametrize("code", [pytest.param(c, id=i) for i, k, c in BLOCKS if k == "run"])
+def test_example_runs(code: str, tmp_path: Path) -> None:
+    proc = _run(code, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("code", [pytest.param(c, id=i) for i, k, c in BLOCKS if k != "run"])
+def test_fragment_compiles(code: str) -> None:
+    # A fragment of an async function may `await` at its top level.
+    compile(code, "<fragment>", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+
+
+def test_every_page_has_its_examples_tested() -> None:
+    if not README.exists():
+        pytest.skip("README.md is not beside tests/ (not a source checkout)")
+    for page, test in OWN_TESTS.items():
+        if (DOCS / page).exists():
+            assert (ROOT / test).exists(), f"docs/{page}: its examples' test {test} is missing"
+    named = {FILE_NAME.match(c.splitlines()[0])[1] for _, k, c in BLOCKS if k == "file"}
+    missing = set(MULTI_FILE) - named
+    assert not missing, f"examples the tests expect are gone from the docs: {missing}"
+
+
+def test_readme_is_short_and_starts_with_the_two_commands() -> None:
+    """PyPI shows the README: it stays an introduction. CI runs its two commands."""
+    if not README.exists():
+        pytest.skip("README.md is not beside tests/ (not a source checkout)")
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 160, f"README.md has {len(lines)} lines; the rest belongs in docs/"
+    assert lines[2:6] == [
+        "```bash",
+        "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/python -m timeoutcore demo",
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest",
+        "```",
+    ]
+
+
+def test_readme_pool_example_stops_the_stuck_tasks(tmp_path: Path) -> None:
+    runnable = [c for i, k, c in BLOCKS if k == "run" and i.startswith("README.md")]
+    if not runnable:
+        pytest.skip("README.md is not beside tests/ (not a source checkout)")
+    proc = _run(runnable[0], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 8, proc.stdout
+    # Tasks 0 and 4 sleep 10 s: stopped at the 0.25 s deadline; the others finish.
+    for n, line in enumerate(lines):
+        if n % 4 == 0:
+            assert re.fullmatch(rf"stopped: task-{n} after 0\.2[5-9]\d s", line), line
+        else:
+            assert line.startswith("done in "), line
+
+
+def test_tour_runs_every_feature(tmp_path: Path) -> None:
+    proc = _run(_named("tour.py"), tmp_path, "tour.py")
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "soft: report" in out and "cleanup: runs in this thread" in out
@@ -36,19 +157,10 @@ def test_feature_example_runs(tmp_path: Path) -> None:
     assert (tmp_path / "runs.jsonl").read_text().count("\n") == 1
 
 
-def _blocks(section_title: str) -> list[str]:
-    if not README.exists():
-        pytest.skip("README.md is not beside tests/ (not a source checkout)")
-    section = README.read_text(encoding="utf-8").split(f"## {section_title}\n")[1]
-    section = section.split("\n## ", 1)[0]
-    return [b.split("```", 1)[0] for b in section.split("```python")[1:]]
-
-
 def test_celery_example_runs_with_a_threads_pool_worker(tmp_path: Path, redis_url: str) -> None:
     pytest.importorskip("celery")
-    tasks, client = _blocks("Celery")
-    (tmp_path / "tasks.py").write_text(tasks, encoding="utf-8")
-    (tmp_path / "client.py").write_text(client, encoding="utf-8")
+    (tmp_path / "tasks.py").write_text(_named("tasks.py"), encoding="utf-8")
+    (tmp_path / "client.py").write_text(_named("client.py"), encoding="utf-8")
     # The example's app uses the default queue; one of its own keeps runs sharing a Redis
     # apart (worker: -Q, client: task_default_queue).
     queue = f"readme-{os.getpid()}-{time.monotonic_ns()}"
@@ -77,13 +189,7 @@ def test_celery_example_runs_with_a_threads_pool_worker(tmp_path: Path, redis_ur
 
 def test_redis_registry_example_runs(tmp_path: Path, redis_url: str) -> None:
     pytest.importorskip("redis")
-    (code,) = _blocks("Redis registry")
-    script = tmp_path / "registry_example.py"
-    script.write_text(code, encoding="utf-8")
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-        timeout=60, env=dict(os.environ, REDIS_URL=redis_url),
-    )
+    proc = _run(_named("registry.py"), tmp_path, "registry.py", REDIS_URL=redis_url)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[-1] == "[('a', 'completed'), ('b', 'cancelled')]", proc.stdout
@@ -95,13 +201,9 @@ def test_redis_registry_example_runs(tmp_path: Path, redis_url: str) -> None:
 def test_shutdown_example_cancels_the_jobs_and_leaves_no_child(tmp_path: Path) -> None:
     """The SIGTERM example: exit 143 after the grace, every job cancelled, and none of the
     `sleep 60` children left (they carry a marker in their environment, found in /proc)."""
-    code = _blocks("Stopping a worker: cancel everything, leave no process behind")[0]
-    script = tmp_path / "worker.py"
-    script.write_text(code, encoding="utf-8")
     marker = f"readme-shutdown-{os.getpid()}-{time.monotonic_ns()}"
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60, env=dict(os.environ, TC_MARKER=marker))
+    proc = _run(_named("worker.py"), tmp_path, "worker.py", TC_MARKER=marker)
     took = time.monotonic() - start
     assert proc.returncode == 143, proc.stderr
     assert proc.stdout.strip() == str(["DeadlineCancelled"] * 4), proc.stdout
@@ -118,10 +220,6 @@ def test_shutdown_example_cancels_the_jobs_and_leaves_no_child(tmp_path: Path) -
 
 
 def test_cancel_example_stops_every_timed_out_thread(tmp_path: Path) -> None:
-    [code] = _blocks("Cancel means stop: asyncio, anyio, FastAPI, WSGI servers, pytest")
-    script = tmp_path / "cancel.py"
-    script.write_text(code, encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ))
+    proc = _run(_named("stop_threads.py"), tmp_path, "stop_threads.py", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["still served", "stopped at 0.1 s"]
