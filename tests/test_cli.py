@@ -8,6 +8,7 @@ traceback.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import re
@@ -30,15 +31,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # the in-place build (``python -m pytest`` from the repository root). Its folder goes first.
 IMPORTED_FROM = Path(timeoutcore.__file__).resolve().parent.parent
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-METHOD_KEYS = (
-    "timeoutcore",
-    "signal.alarm",
-    "signal.setitimer",
-    "timer_async_exc",
-    "stopit",
-    "func_timeout",
-)
-OPTIONAL_PEERS = {"stopit", "func_timeout"}
 
 
 def _env(extra_path: Optional[Path] = None) -> dict[str, str]:
@@ -97,6 +89,19 @@ def test_help_everywhere(tmp_path: Path, command: list[str]) -> None:
 
 # --- demo -----------------------------------------------------------------------------------
 
+TABLE_ROW = re.compile(r"^ +(\d+)  (.+?)  +(completed|soft exceeded|timed out|error|cancelled)"
+                       r" +([0-9.]+) s(?: +([0-9.]+) ms)?$")
+
+
+def _demo_rows(stdout: str) -> list[tuple[int, str, str, float, Optional[float]]]:
+    rows = []
+    for line in stdout.splitlines():
+        m = TABLE_ROW.match(line)
+        if m:
+            over = float(m[5]) if m[5] else None
+            rows.append((int(m[1]), m[2].strip(), m[3], float(m[4]), over))
+    return rows
+
 
 def test_demo_prints_json_lines_and_stops_the_overrunning_tasks(tmp_path: Path) -> None:
     # What the demo promises: the overrunning tasks are stopped at the hard limit and the
@@ -104,7 +109,7 @@ def test_demo_prints_json_lines_and_stops_the_overrunning_tasks(tmp_path: Path) 
     # however slowly a loaded machine runs the short tasks: they end 1.6 s before their hard
     # limit. Whether a short task passes its soft limit, and whether a soft-only task (0.5 s
     # to spare) ends before its hard limit, depend on that speed and are not asserted.
-    proc = tc("demo", "--tasks", "8", "--limit", "2", cwd=tmp_path)
+    proc = tc("demo", "--json", "--tasks", "8", "--limit", "2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if not line.startswith("#")]
     tasks = [orjson.loads(line) for line in lines]
@@ -122,14 +127,28 @@ def test_demo_prints_json_lines_and_stops_the_overrunning_tasks(tmp_path: Path) 
     assert "signal.alarm in a pool thread: ValueError" in proc.stdout
 
 
-def test_demo_at_its_defaults_stops_the_overrunning_tasks(tmp_path: Path) -> None:
+def test_demo_at_its_defaults_prints_a_table_and_stops_the_overrunning_tasks(
+    tmp_path: Path,
+) -> None:
     # The README's first command: exit status 0 means every overrunning task was stopped
     # (cli.demo); the statuses of the short tasks at 0.25 s depend on the machine's load.
     proc = tc("demo", "--tasks", "4", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    tasks = [orjson.loads(line) for line in proc.stdout.splitlines() if not line.startswith("#")]
-    assert [t["status"] for t in tasks][0] == "timed_out"
-    assert all(t["limit"] == pytest.approx(0.25) for t in tasks)
+    out = proc.stdout
+    assert "{" not in out  # a table, not JSON
+    assert "task  what it did" in out and "overshoot" in out
+    rows = _demo_rows(out)
+    assert [r[0] for r in rows] == [0, 1, 2, 3], out
+    task, what, status, elapsed, over = rows[0]
+    assert what == "CPU loop, 1.00 s of work"
+    assert status == "timed out" and over is not None and over < LATE * 1e3
+    assert 0.25 <= elapsed < 0.25 + LATE
+    assert all(r[4] is None for r in rows if r[2] != "timed out")  # overshoot: timed out only
+    assert "4 tasks in " in out and "1 timed out" in out
+    assert 'signal.alarm, for comparison: in a pool thread it raises ValueError ("' in out
+    assert "0.25 s becomes 1 s" in out
+    assert "WARNING" not in out + proc.stderr  # the soft-limit warnings are counted, not printed
+    assert all(len(line) <= 120 for line in out.splitlines()), out
 
 
 @pytest.mark.parametrize(
@@ -141,6 +160,7 @@ def test_demo_at_its_defaults_stops_the_overrunning_tasks(tmp_path: Path) -> Non
         (["--limit", "nan"], "must be a positive finite number"),
         (["--limit", "inf"], "must be a positive finite number"),
         (["--workers", "x"], "not a whole number"),
+        (["--json", "x"], "unrecognized arguments"),
         (["--frobnicate"], "unrecognized arguments"),
     ],
 )
@@ -148,21 +168,13 @@ def test_demo_bad_input(tmp_path: Path, args: list[str], message: str) -> None:
     assert_clean_error(tc("demo", *args, cwd=tmp_path), 2, message)
 
 
-# --- bench ----------------------------------------------------------------------------------
+# --- bench: the benchmark in the package (timeoutcore._bench) ---------------------------------
 
-# The harness is in the source checkout (benchmarks/harness.py), not in the package: where
-# the tests run from a copy beside an installed wheel, `bench` cannot find it.
-HAS_HARNESS = any(path.is_file() for path in cli.harness_candidates()[:1])
-needs_harness = pytest.mark.skipif(
-    not HAS_HARNESS, reason="benchmarks/harness.py is not beside the installed package"
-)
+METHOD_KEYS = ("timeoutcore", "signal.alarm", "signal.setitimer", "timer_async_exc")
+WORKLOAD_KEYS = ("cpu", "sleep", "c_call")
 
 
-def _peer_installed(name: str) -> bool:
-    """Importable, as the harness decides (stopit 1.1.2 is found but fails to import where
-    setuptools >= 81 dropped the pkg_resources it imports: the harness skips it then)."""
-    import importlib
-
+def _installed(name: str) -> bool:
     try:
         importlib.import_module(name)
     except ImportError:
@@ -170,91 +182,87 @@ def _peer_installed(name: str) -> bool:
     return True
 
 
-# A quick bench run takes ~15 s; what these tests read (its output formats, that every method
-# ran) does not depend on the interpreter: they run once in CI, in the README suite.
+# A quick run takes ~10 s; what these tests read (its output formats, that every method ran)
+# does not depend on the interpreter: they run once in CI, in the README suite.
 @pytest.fixture(scope="module")
 def quick_bench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One ``bench --quick --json [--plot]`` run shared by the tests that read its output."""
     tmp = tmp_path_factory.mktemp("bench")
-    plot = ["--plot", "plot.png"] if _peer_installed("matplotlib") else []
+    plot = ["--plot", "plot.png"] if _installed("matplotlib") else []
     t0 = time.monotonic()
-    proc = tc("bench", "--quick", "--json", "summary.json", *plot, cwd=tmp, timeout=120)
+    proc = tc("bench", "--quick", "--json", "result.json", *plot, cwd=tmp, timeout=120)
     wall = time.monotonic() - t0
-    return {"proc": proc, "wall": wall, "json": tmp / "summary.json", "plot": tmp / "plot.png"}
+    return {"proc": proc, "wall": wall, "json": tmp / "result.json", "plot": tmp / "plot.png"}
 
 
 @pytest.mark.once
-@needs_harness
-def test_bench_quick_finishes_in_under_a_minute(quick_bench: dict[str, Any]) -> None:
+def test_bench_quick_runs_from_the_package_in_well_under_a_minute(
+    quick_bench: dict[str, Any],
+) -> None:
     proc = quick_bench["proc"]
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
-    assert quick_bench["wall"] < 60
+    assert quick_bench["wall"] < 60  # a correctness bound (a hang, a plan gone wrong)
 
 
 @pytest.mark.once
-@needs_harness
-def test_bench_quick_prints_the_side_by_side_table(quick_bench: dict[str, Any]) -> None:
+def test_bench_quick_prints_the_tables(quick_bench: dict[str, Any]) -> None:
     out = quick_bench["proc"].stdout
-    for heading in ("overhead of a block", "overshoot past a 50 ms deadline", "thread pool"):
+    for heading in ("Overhead of a block", "Overshoot past a 50 ms deadline", "Busy pool"):
         assert heading in out
     for title in ("timeoutcore", "signal.alarm", "signal.setitimer", "Timer+SetAsyncExc"):
         assert title in out
     assert "n/a: raises ValueError" in out  # signal recipes in a pool worker
-    assert "past a 250 ms deadline" not in out  # --quick: the 50 ms deadline only
-    assert "[1/" in quick_bench["proc"].stderr  # progress went to stderr
+    assert "whole seconds" in out  # alarm's footnote
+    assert "overshoot: CPU loop" in quick_bench["proc"].stderr  # progress went to stderr
 
 
 @pytest.mark.once
-@needs_harness
-def test_bench_quick_json_has_every_method(quick_bench: dict[str, Any]) -> None:
-    summary = orjson.loads(quick_bench["json"].read_bytes())
-    assert summary["mode"] == "quick"
-    assert summary["environment"]["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert [m["key"] for m in summary["methods"]] == list(METHOD_KEYS)
-    for key in METHOD_KEYS:
-        rows = [r for r in summary["overshoot"] if r["method"] == key]
-        assert rows, key
-        assert {r["limit_s"] for r in rows} == {0.05}
-        assert {r["thread"] for r in rows} == {"main", "worker"}
-        if key in OPTIONAL_PEERS and not _peer_installed(key):
-            assert all("not installed" in r["skipped"] for r in rows)
-            continue
-        assert not any("skipped" in r for r in rows), key
-        if key.startswith("signal."):
-            assert all(r["error"].startswith("ValueError") for r in rows if r["thread"] == "worker")
-            measured = [r for r in rows if r["thread"] == "main"]
-        else:
-            measured = rows
-        for r in measured:
-            assert r["trials"] == len(r["samples_ms"]) >= 1
-            assert r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] <= r["max_ms"]
-        assert any(r["method"] == key for r in summary["overhead"])
-        assert any(r["method"] == key for r in summary["throughput"])
+def test_bench_quick_json_is_a_result_file(quick_bench: dict[str, Any]) -> None:
+    result = orjson.loads(quick_bench["json"].read_bytes())
+    assert result["schema"] == "timeoutcore-bench-compact/1"
+    assert result["mode"] == "quick"
+    env = result["environment"]
+    assert env["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert env["timeoutcore"] == timeoutcore.__version__
+    assert env["cpus"] >= 1 and env["host"] and env["date"].endswith("+00:00")
+    assert "commit" in env  # None outside a checkout
+    for w in WORKLOAD_KEYS:
+        for key in METHOD_KEYS:
+            rows = {r["thread"]: r for r in result["overshoot"]
+                    if r["method"] == key and r["workload"] == w}
+            assert set(rows) == {"main", "worker"}, (w, key)
+            measured = list(rows.values())
+            if key.startswith("signal."):
+                assert rows["worker"]["error"].startswith("ValueError")
+                measured = [rows["main"]]
+            for r in measured:
+                assert r["trials"] == len(r["samples_ms"]) == len(r["outcomes"]) >= 1
+                assert r["p50_ms"] <= r["p90_ms"] <= r["max_ms"]
+    assert [r["method"] for r in result["overhead"]] == ["none", *METHOD_KEYS]
+    assert all(r["per_block_ns"] > 0 for r in result["overhead"])
+    assert [r["method"] for r in result["busy_pool"]] == ["timeoutcore", "timer_async_exc"]
 
 
 @pytest.mark.once
-@needs_harness
 def test_bench_quick_timeoutcore_stops_every_workload(quick_bench: dict[str, Any]) -> None:
-    summary = orjson.loads(quick_bench["json"].read_bytes())
-    # The fallback engine has no signal: only Python code is interrupted there.
-    native = summary["environment"]["engine"] == "native"
-    stoppable = ("cpu", "c_call", "sleep") if native else ("cpu",)
-    for r in summary["overshoot"]:
+    result = orjson.loads(quick_bench["json"].read_bytes())
+    # The fallback engine has no signal: a blocking C call runs to its end there.
+    native = result["environment"]["engine"] == "native"
+    stoppable = WORKLOAD_KEYS if native else ("cpu", "sleep")
+    for r in result["overshoot"]:
         if r["method"] == "timeoutcore" and r["workload"] in stoppable:
             assert r["stopped"] == r["trials"], r
-    (row,) = [r for r in summary["overhead"] if r["case"] == "timeoutcore"]
-    assert row["per_block_ns"] > 0
+    (pool,) = [r for r in result["busy_pool"] if r["method"] == "timeoutcore"]
+    assert pool["stopped"] == pool["trials"], pool
 
 
-@needs_harness
 @pytest.mark.once
-@pytest.mark.skipif(not _peer_installed("matplotlib"), reason="matplotlib is not installed")
+@pytest.mark.skipif(not _installed("matplotlib"), reason="matplotlib is not installed")
 def test_bench_plot_is_a_png(quick_bench: dict[str, Any]) -> None:
     assert quick_bench["plot"].read_bytes()[:8] == PNG_SIGNATURE
 
 
-@needs_harness
 def test_bench_plot_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> None:
     # A folder first on PYTHONPATH whose ``matplotlib`` fails to import, as when it is absent.
     fake = tmp_path / "fake"
@@ -267,83 +275,90 @@ def test_bench_plot_without_matplotlib_says_how_to_get_it(tmp_path: Path) -> Non
     assert not (tmp_path / "out.png").exists()
 
 
-def _overshoot_row(method: str, thread: str, **figures: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "method": method, "method_title": method, "workload": "cpu", "workload_title": "CPU loop",
-        "section": "cpu", "row": method, "thread": thread, "limit_s": 0.05, "hogs": 0,
-        "note": None,
-    }
+def _overshoot(method: str, thread: str, workload: str = "cpu", **figures: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"method": method, "title": method, "workload": workload,
+                           "workload_title": workload.upper(), "thread": thread,
+                           "limit_s": 0.05, "note": None}
     row.update(figures)
     return row
 
 
 def _measured(p50: float, outcome: str = "stopped", n: int = 3) -> dict[str, Any]:
-    return {
-        "trials": n, "stopped": n if outcome == "stopped" else 0,
-        "abandoned": n if outcome == "abandoned" else 0,
-        "not_interrupted": n if outcome == "not_interrupted" else 0, "returned": 0,
-        "samples_ms": [p50] * n, "outcomes": [outcome] * n,
-        "p50_ms": p50, "p90_ms": p50, "p99_ms": p50, "max_ms": p50,
-    }
+    return {"trials": n, "stopped": n if outcome == "stopped" else 0,
+            "not_interrupted": n if outcome == "not_interrupted" else 0, "returned": 0,
+            "samples_ms": [p50] * n, "outcomes": [outcome] * n,
+            "p50_ms": p50, "p90_ms": p50, "max_ms": p50}
 
 
-SYNTHETIC = {
+SYNTHETIC: dict[str, Any] = {
+    "schema": "timeoutcore-bench-compact/1",
     "mode": "quick",
     "elapsed_s": 1.0,
+    "slack_s": 0.25,
     "environment": {
-        "implementation": "CPython", "python": "3.x", "system": "Linux", "kernel": "k",
-        "machine": "m", "cpus": 2, "cpu_model": "cpu", "engine": "native",
-        "switch_interval_s": 0.005, "loadavg_1m": 0.1,
+        "date": "2026-01-01T00:00:00+00:00", "host": "h", "cpus": 2, "cpu_model": "cpu",
+        "system": "Linux", "kernel": "k", "machine": "m", "implementation": "CPython",
+        "python": "3.x", "gil": True, "switch_interval_s": 0.005, "engine": "native",
+        "timeoutcore": "0", "commit": None, "loadavg_1m": 0.1,
     },
     "overhead": [
-        {"case": "none", "method": "none", "title": "no-op", "per_block_ns": 100.0,
+        {"method": "none", "title": "no-op `with` (baseline)", "per_block_ns": 100.0,
          "x_baseline": 1.0},
-        {"case": "stopit", "method": "stopit", "title": "stopit",
-         "skipped": "not installed (pip install stopit)"},
+        {"method": "signal.alarm", "title": "signal.alarm",
+         "skipped": "not run from the main thread"},
     ],
     "overshoot": [
-        _overshoot_row("timeoutcore", "main", **_measured(0.1234)),
-        _overshoot_row("timeoutcore", "worker", **_measured(0.2)),
-        _overshoot_row("signal.alarm", "main", **_measured(950.0), note="whole seconds"),
-        _overshoot_row("signal.alarm", "worker", error="ValueError: main thread only"),
-        _overshoot_row("Timer+SetAsyncExc", "worker", **_measured(250.0, "not_interrupted")),
-        _overshoot_row("func_timeout", "worker", **_measured(1.5, "abandoned")),
-        _overshoot_row("stopit", "worker", skipped="not installed (pip install stopit)"),
+        _overshoot("timeoutcore", "main", **_measured(0.1234)),
+        _overshoot("timeoutcore", "worker", **_measured(0.2)),
+        _overshoot("signal.alarm", "main", **_measured(950.0), note="whole seconds"),
+        _overshoot("signal.alarm", "worker", error="ValueError: main thread only"),
+        _overshoot("Timer+SetAsyncExc", "worker", "sleep", **_measured(250.0, "not_interrupted")),
     ],
-    "throughput": [
-        {"method": "none", "title": "no deadline", "tasks_per_s": 1000.0, "x_no_deadline": 1.0},
-        {"method": "signal.alarm", "title": "signal.alarm", "error": "ValueError: main"},
+    "busy_pool": [
+        {"method": "timeoutcore", "title": "timeoutcore", "workers": 4, "limit_s": 0.05,
+         **_measured(1.5)},
     ],
 }
 
 
-@needs_harness
+@pytest.mark.once
 def test_bench_table_shows_every_kind_of_cell() -> None:
-    table = cli.load_bench_harness().render(SYNTHETIC)
-    assert re.search(r"^\| CPU loop +\| timeoutcore +\| 0\.123 ", table, re.MULTILINE)
-    assert "0.123 / 0.123 / 0.123 (3)" in table
+    from timeoutcore import _bench
+
+    table = _bench.render(SYNTHETIC)
+    assert re.search(r"^CPU +timeoutcore +0\.123 / 0\.123 / 0\.123 \(3\) ", table, re.MULTILINE)
     assert "950 / 950 / 950 (3) [1]" in table and "[1] whole seconds" in table
     assert "n/a: raises ValueError [2]" in table and "[2] ValueError: main thread only" in table
-    assert "not interrupted [3]" in table
-    assert "1.50 / 1.50 / 1.50 (3) [4]" in table and "abandoned thread" in table
-    assert "not installed (pip install stopit)" in table
+    assert "not interrupted [3]" in table and "250 ms after the deadline" in table
+    assert "1.50 / 1.50 / 1.50 (3)" in table  # the busy pool
+    assert "not run from the main thread" in table
 
 
-@needs_harness
+@pytest.mark.once
+@pytest.mark.skipif(not _installed("matplotlib"), reason="matplotlib is not installed")
+def test_bench_plot_draws_a_result_file(tmp_path: Path) -> None:
+    from timeoutcore import _bench
+
+    _bench.plot(SYNTHETIC, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
 def test_bench_json_dash_writes_json_on_stdout_instead_of_the_table(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli.load_bench_harness(), "run", lambda plan, progress=None: dict(SYNTHETIC, mode=plan.name))
+    from timeoutcore import _bench
+
+    monkeypatch.setattr(_bench, "run", lambda plan, progress=None: dict(SYNTHETIC, mode=plan.name))
     assert cli.main(["bench", "--quick", "--json", "-"]) == 0
-    out = capsys.readouterr().out
-    assert orjson.loads(out)["mode"] == "quick"
+    assert orjson.loads(capsys.readouterr().out)["mode"] == "quick"
+    assert cli.main(["bench", "--json", "-"]) == 0
+    assert orjson.loads(capsys.readouterr().out)["mode"] == "standard"
 
 
-@needs_harness
 @pytest.mark.parametrize(
     ("args", "status", "message"),
     [
-        (["--json", "no-such-dir/summary.json"], 2, "no such directory"),
+        (["--json", "no-such-dir/result.json"], 2, "no such directory"),
         (["--json", "."], 2, "is a directory"),
         (["--plot", "no-such-dir/plot.png"], 2, "no such directory"),
         (["--quick", "--frobnicate"], 2, "unrecognized arguments"),
@@ -353,27 +368,49 @@ def test_bench_json_dash_writes_json_on_stdout_instead_of_the_table(
 def test_bench_bad_input_fails_before_running(
     tmp_path: Path, args: list[str], status: int, message: str
 ) -> None:
-    if args[0] == "--plot" and not _peer_installed("matplotlib"):
+    if args[0] == "--plot" and not _installed("matplotlib"):
         message = "pip install matplotlib"
     t0 = time.monotonic()
     assert_clean_error(tc("bench", *args, cwd=tmp_path), status, message)
     assert time.monotonic() - t0 < 20
 
 
-def test_bench_without_the_harness_says_where_it_is(
+# --- bench --full: the harness of a source checkout (benchmarks/harness.py) -----------------
+
+# Where the tests run from a copy beside an installed wheel, `bench --full` cannot find it.
+HAS_HARNESS = any(path.is_file() for path in cli.harness_candidates()[:1])
+needs_harness = pytest.mark.skipif(
+    not HAS_HARNESS, reason="benchmarks/harness.py is not beside the installed package"
+)
+
+
+@needs_harness
+def test_bench_full_json_dash_runs_the_harness(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    harness = cli.load_bench_harness()
+    monkeypatch.setattr(harness, "run", lambda plan, progress=None: {"mode": plan.name})
+    assert cli.main(["bench", "--full", "--quick", "--json", "-"]) == 0
+    assert orjson.loads(capsys.readouterr().out) == {"mode": harness.QUICK.name}
+
+
+def test_bench_full_without_the_harness_says_where_it_is(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An installed wheel has no benchmarks/: a one-line error, no traceback."""
     monkeypatch.setattr(cli, "harness_candidates", lambda: [tmp_path / "benchmarks/harness.py"])
     monkeypatch.delitem(sys.modules, "timeoutcore_bench_harness", raising=False)
-    assert cli.main(["bench", "--quick"]) == 2
+    assert cli.main(["bench", "--full", "--quick"]) == 2
     err = capsys.readouterr().err
-    assert "benchmarks/harness.py" in err and "source checkout" in err
+    assert "benchmarks/harness.py" in err and "source checkout" in err and "--full" in err
     assert "Traceback" not in err
 
 
-def test_the_harness_is_not_in_the_package() -> None:
-    assert importlib.util.find_spec("timeoutcore.bench") is None
+def test_the_packaged_benchmark_needs_no_checkout() -> None:
+    """``bench`` without --full imports nothing from benchmarks/: it runs from a wheel."""
+    source = Path(importlib.import_module("timeoutcore._bench").__file__ or "").read_text()
+    assert "benchmarks" not in source.replace("benchmarks/harness.py", "")
+    assert importlib.util.find_spec("timeoutcore.bench") is None  # the harness stays out
 
 
 # --- run ------------------------------------------------------------------------------------

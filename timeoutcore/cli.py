@@ -1,14 +1,19 @@
 """``python -m timeoutcore`` (also the ``timeoutcore`` console script).
 
-- ``demo``: a thread pool in which some tasks overrun ``thread_deadline(0.25)``; prints each
-  task's outcome as a JSON line, then a summary.
-- ``bench``: timeoutcore side by side with ``signal.alarm``, ``signal.setitimer``, a
-  ``threading.Timer`` + ``PyThreadState_SetAsyncExc`` recipe, stopit and func_timeout; a
-  table on stdout, optionally a JSON summary and a PNG. The harness is
-  ``benchmarks/harness.py`` of a source checkout, loaded when the command runs (it is not in
-  the installed package).
+- ``demo``: a thread pool in which some tasks overrun ``thread_deadline(0.25)``; a table,
+  one row per task (``--json``: each task's result as a JSON line), then a summary and a
+  comparison with ``signal.alarm``.
+- ``bench``: timeoutcore side by side with ``signal.alarm``, ``signal.setitimer`` and a
+  ``threading.Timer`` + ``PyThreadState_SetAsyncExc`` recipe (:mod:`timeoutcore._bench`,
+  part of the package); a table on stdout, optionally a JSON result file and a PNG.
+  ``--full`` runs the full harness instead, ``benchmarks/harness.py`` of a source checkout
+  (more workloads and deadlines, stopit and func_timeout), loaded when the command runs.
 - ``run``: a command under a hard (and soft) limit via ``timeoutcore.subprocess.run``; the
   result as JSON on stdout, the exit status like coreutils ``timeout``.
+
+This module is the one part of the package that is not protected code
+(``timeoutcore.protect.DEFAULT_EXEMPT``): the demo's and the benchmark's workloads live here
+because they stand for the user's code, and a deadline must stop them as it stops that.
 
 Bad input is reported on stderr, one line, never a traceback: exit status 2 (125 for ``run``,
 whose other statuses belong to the command).
@@ -20,10 +25,13 @@ import argparse
 import ctypes
 import importlib
 import importlib.util
+import itertools
 import logging
+import math
 import os
 import signal
 import sys
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -58,17 +66,21 @@ def _fail(message: str, status: int, command: str = "") -> int:
     return status
 
 
-# --- demo -----------------------------------------------------------------------------------
+# --- workloads: the demo's tasks and the benchmark's work (timeoutcore._bench) --------------
 
 
-def _cpu(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        pass
+def cpu_loop(seconds: float) -> None:
+    """Python code that runs for ``seconds`` (a CPU loop)."""
+    end = time.perf_counter() + seconds
+    # Not ``while perf_counter() < end``: an exception raised at such a loop's back-edge
+    # skips that frame's handlers on CPython 3.13.0 (cpython#130279).
+    for _ in itertools.count():
+        if time.perf_counter() >= end:
+            return
 
 
-def _blocking_read(seconds: float) -> None:
-    """A C call that blocks (read on a pipe nobody writes to within `seconds`)."""
+def blocking_read(seconds: float) -> None:
+    """A C call that blocks: ``read()`` on a pipe nobody writes to within ``seconds``."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.read.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
     r, w = os.pipe()
@@ -84,11 +96,22 @@ def _blocking_read(seconds: float) -> None:
         os.close(w)
 
 
+# --- demo -----------------------------------------------------------------------------------
+
 _KINDS: dict[str, Callable[[float], None]] = {
-    "cpu-loop": _cpu,
+    "cpu-loop": cpu_loop,
     "timeoutcore.sleep": sleep,
-    "blocking-read": _blocking_read,
+    "blocking-read": blocking_read,
 }
+
+
+def _what(kind: str, seconds: float) -> str:
+    """What a demo task does, for the table."""
+    if kind == "cpu-loop":
+        return f"CPU loop, {seconds:.2f} s of work"
+    if kind == "blocking-read":
+        return f"blocking read(), {seconds:.2f} s"
+    return f"{kind}({seconds:.2f})"
 
 
 def _task(i: int, kind: str, seconds: float, limit: float) -> dict[str, Any]:
@@ -130,18 +153,57 @@ def _work_for(i: int, limit: float) -> float:
     return limit * 0.2
 
 
+class _Collect(logging.Handler):
+    """Keeps the records of the ``timeoutcore`` logger (the soft-limit warnings) for the
+    summary instead of printing them between the table's rows."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+_DEMO_COLUMNS = ("task", "what it did", "status", "elapsed", "overshoot")
+_DEMO_WIDTHS = (4, 30, 13, 8, 9)
+_DEMO_WIDTH = 88  # the summary lines wrap here
+
+
+def _demo_line(cells: Sequence[str]) -> str:
+    task, what, status, elapsed, over = cells
+    w = _DEMO_WIDTHS
+    return (f"{task:>{w[0]}}  {what:<{w[1]}}  {status:<{w[2]}}  {elapsed:>{w[3]}}  "
+            f"{over:>{w[4]}}").rstrip()
+
+
+def _demo_row(r: dict[str, Any]) -> str:
+    over = f"{r['overshoot'] * 1e3:.2f} ms" if r["overshoot"] is not None else ""
+    return _demo_line([str(r["task"]), _what(r["kind"], r["work_s"]),
+                       str(r["status"]).replace("_", " "), f"{r['elapsed']:.3f} s", over])
+
+
 def demo(args: argparse.Namespace) -> int:
     limit = args.limit
+    as_json = args.json
     kinds = list(_KINDS)
     plan = [(i, kinds[i % len(kinds)], _work_for(i, limit)) for i in range(args.tasks)]
-    print(
-        f"# engine={ENGINE}: {len(plan)} tasks on {args.workers} pool threads, each under "
-        f"thread_deadline({limit:g}, soft_limit={limit * SOFT_SHARE:g}); every fourth task overruns "
-        "its hard limit, every fourth from the third on passes only the soft one",
-        flush=True,
-    )
-    handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("# %(levelname)s %(message)s"))
+    soft = limit * SOFT_SHARE
+    if as_json:
+        print(
+            f"# engine={ENGINE}: {len(plan)} tasks on {args.workers} pool threads, each under "
+            f"thread_deadline({limit:g}, soft_limit={soft:g}); every fourth task overruns "
+            "its hard limit, every fourth from the third on passes only the soft one",
+            flush=True,
+        )
+        handler: logging.Handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("# %(levelname)s %(message)s"))
+    else:
+        print(f"{len(plan)} tasks on {args.workers} pool threads, each under "
+              f"thread_deadline({limit:g}, soft_limit={soft:g}); engine: {ENGINE}\n")
+        print(_demo_line(_DEMO_COLUMNS))
+        print(_demo_line(["-" * w for w in _DEMO_WIDTHS]), flush=True)
+        handler = _Collect()
     log = logging.getLogger("timeoutcore")
     log.addHandler(handler)
     t0 = time.monotonic()
@@ -152,8 +214,9 @@ def demo(args: argparse.Namespace) -> int:
             for fut in futures:
                 res = fut.result()
                 results.append(res)
-                # one write per line: the soft-limit warnings share stdout from another thread
-                sys.stdout.write(_json.dumps(res).decode() + "\n")
+                # one write per line: in JSON mode the soft-limit warnings share stdout
+                line = _json.dumps(res).decode() if as_json else _demo_row(res)
+                sys.stdout.write(line + "\n")
                 sys.stdout.flush()
     finally:
         log.removeHandler(handler)
@@ -161,13 +224,33 @@ def demo(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for r in results:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    print(f"# {summary}; wall {wall:.2f} s")
     overs = sorted(r["overshoot"] * 1e3 for r in results if r["overshoot"] is not None)
-    if overs:
-        print(f"# hard limit overshoot: median {overs[len(overs) // 2]:.3f} ms, "
-              f"max {overs[-1]:.3f} ms")
-    print(f"# for comparison, signal.alarm in a pool thread: {_alarm_in_worker()}")
+    alarm = _alarm_in_worker()
+    if as_json:
+        summary = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        print(f"# {summary}; wall {wall:.2f} s")
+        if overs:
+            print(f"# hard limit overshoot: median {overs[len(overs) // 2]:.3f} ms, "
+                  f"max {overs[-1]:.3f} ms")
+        print(f"# for comparison, signal.alarm in a pool thread: {alarm}")
+    else:
+        parts = [f"{n} {status.replace('_', ' ')}" for status, n in sorted(counts.items())]
+        lines = [f"{len(results)} tasks in {wall:.2f} s: {', '.join(parts)}."]
+        if overs:
+            lines.append(f"Overrunning tasks were stopped {overs[len(overs) // 2]:.2f} ms after "
+                         f"their hard limit (median; at most {overs[-1]:.2f} ms), whatever "
+                         "they were doing.")
+        if isinstance(handler, _Collect) and handler.records:
+            lines.append(f"The soft limit ({soft:g} s) logged a warning for "
+                         f"{len(handler.records)} tasks (logger 'timeoutcore') and let them "
+                         "go on.")
+        kind, _, why = alarm.partition(": ")
+        lines.append("signal.alarm, for comparison: in a pool thread it raises "
+                     + (f'{kind} ("{why}")' if why else kind) + "; in the main thread it "
+                     f"counts whole seconds: {limit:g} s becomes {max(1, math.ceil(limit))} s.")
+        print()
+        for text in lines:
+            print(textwrap.fill(text, width=_DEMO_WIDTH, subsequent_indent="  "))
     # success: every overrunning task was stopped at its hard limit
     stopped = all(r["status"] == "timed_out" for r in results if r["task"] % 4 == 0)
     return 0 if stopped else 1
@@ -213,16 +296,17 @@ _HARNESS_MODULE = "timeoutcore_bench_harness"
 
 
 def harness_candidates() -> list[Path]:
-    """Where ``bench`` looks for the harness, in order: the source checkout this package
-    was imported from (``benchmarks/`` beside ``timeoutcore/``), then the current directory."""
+    """Where ``bench --full`` looks for the harness, in order: the source checkout this
+    package was imported from (``benchmarks/`` beside ``timeoutcore/``), then the current
+    directory."""
     checkout = Path(__file__).resolve().parent.parent
     return [checkout / HARNESS, Path.cwd() / HARNESS]
 
 
 def load_bench_harness() -> ModuleType:
-    """The benchmark harness module, loaded from the first of :func:`harness_candidates`
-    that exists (once per process); :class:`UsageError` when there is none, as in an
-    installed wheel."""
+    """The full benchmark harness module, loaded from the first of
+    :func:`harness_candidates` that exists (once per process); :class:`UsageError` when
+    there is none, as in an installed wheel."""
     loaded = sys.modules.get(_HARNESS_MODULE)
     if loaded is not None:
         return loaded
@@ -241,33 +325,41 @@ def load_bench_harness() -> ModuleType:
             raise
         return module
     raise UsageError(
-        f"the benchmark harness ({HARNESS.as_posix()}) is part of a source checkout of "
-        "timeoutcore, not of the installed package: run this command in a checkout "
-        "(or in the folder that holds benchmarks/)"
+        f"--full runs the full harness ({HARNESS.as_posix()}), which is part of a source "
+        "checkout of timeoutcore, not of the installed package: run it in a checkout (or "
+        "in the folder that holds benchmarks/), or drop --full for the packaged benchmark"
     )
 
 
 def bench(args: argparse.Namespace) -> int:
-    engine = load_bench_harness()
+    if args.full:
+        engine: Any = load_bench_harness()
+        plan = engine.QUICK if args.quick else engine.FULL
+        about = "well under a minute" if args.quick else "about 6 minutes"
+    else:
+        engine = importlib.import_module("timeoutcore._bench")
+        plan = engine.QUICK if args.quick else engine.STANDARD
+        about = "about 10 s" if args.quick else "under a minute"
 
     if args.plot is not None:
         try:
             importlib.import_module("matplotlib")
         except ImportError:
             print(f"{PROG} bench: --plot needs matplotlib, which is not installed; "
-                  "get it with: pip install matplotlib", file=sys.stderr)
+                  "get it with: pip install matplotlib (or timeoutcore[plot])",
+                  file=sys.stderr)
             return 2
         _check_output_path("--plot", args.plot)
     if args.json is not None and args.json != "-":
         _check_output_path("--json", args.json)
 
-    plan = engine.QUICK if args.quick else engine.FULL
-    about = "well under a minute" if args.quick else "about 6 minutes"
     print(f"{PROG} bench ({plan.name}): {about}; progress on stderr", file=sys.stderr)
-    missing = [m.requires for m in engine.METHODS if m.missing() is not None]
-    if missing:
-        print(f"{PROG} bench: skipping {', '.join(str(n) for n in missing)} (not installed; "
-              f"pip install {' '.join(str(n) for n in missing)})", file=sys.stderr)
+    if args.full:
+        missing = [m.requires for m in engine.METHODS if m.missing() is not None]
+        if missing:
+            print(f"{PROG} bench: skipping {', '.join(str(n) for n in missing)} (not "
+                  f"installed; pip install {' '.join(str(n) for n in missing)})",
+                  file=sys.stderr)
     progress = _Progress()
     try:
         results = engine.run(plan, progress=progress)
@@ -283,7 +375,7 @@ def bench(args: argparse.Namespace) -> int:
     if args.json is not None and args.json != "-":
         with open(args.json, "wb") as f:
             f.write(_json.dumps(results, indent=True) + b"\n")
-        print(f"{PROG} bench: JSON summary written to {args.json}", file=sys.stderr)
+        print(f"{PROG} bench: results written to {args.json}", file=sys.stderr)
     if args.plot is not None:
         engine.plot(results, args.plot)
         print(f"{PROG} bench: plot written to {args.plot}", file=sys.stderr)
@@ -452,12 +544,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 BENCH_HELP = """\
-Measures, in one run, timeoutcore against signal.alarm (the classic recipe, whole seconds),
-signal.setitimer, a threading.Timer + PyThreadState_SetAsyncExc recipe, and stopit's
-ThreadingTimeout and func_timeout when they are installed (pip install stopit func_timeout):
-the overhead of a block that does not time out; how late a 50 ms and a 250 ms deadline stop a
-CPU loop, a blocking C call and a sleep, in the main thread and in a pool worker; and the
-throughput of a thread pool of 1 ms tasks with and without deadlines.
+Measures, on this machine and interpreter, timeoutcore against signal.alarm (the classic
+recipe, whole seconds), signal.setitimer and a threading.Timer + PyThreadState_SetAsyncExc
+recipe: the overhead of a block that does not time out; how late a 50 ms deadline stops a
+CPU loop, a sleep and a blocking C call, in the main thread and in a pool worker; and how late
+in a pool whose every worker is busy. --full runs the full harness of a source checkout
+instead (benchmarks/harness.py: more workloads and deadlines, stopit and func_timeout when
+installed, pool throughput; about 6 minutes).
 """
 
 RUN_HELP = """\
@@ -473,21 +566,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="a thread pool where some tasks overrun their deadline",
                        description="A thread pool in which every fourth task overruns its "
-                       "thread_deadline; one JSON line per task, then a summary.")
+                       "thread_deadline: a table of what each task did and how it ended, "
+                       "then a summary.")
     p.add_argument("--tasks", type=_count, default=12, help="number of tasks (default 12)")
     p.add_argument("--workers", type=_count, default=4, help="pool threads (default 4)")
     p.add_argument("--limit", type=_positive, default=0.25, help="deadline in s (default 0.25)")
+    p.add_argument("--json", action="store_true",
+                   help="each task's result as a JSON line (comments start with #) instead "
+                   "of the table")
     p.set_defaults(func=demo)
 
-    p = sub.add_parser("bench", help="timeoutcore side by side with signal.alarm and the peers",
+    p = sub.add_parser("bench", help="timeoutcore side by side with signal.alarm and the recipes",
                        description=BENCH_HELP)
     p.add_argument("--quick", action="store_true",
-                   help="fewer trials and the 50 ms deadline only (well under a minute)")
+                   help="fewer trials (about 10 s; with --full: the 50 ms deadline only)")
     p.add_argument("--json", metavar="PATH",
-                   help="also write every figure as JSON to PATH ('-': JSON on stdout "
-                   "instead of the table)")
+                   help="also write every figure as JSON to PATH, with the date, host, CPUs "
+                   "and versions ('-': JSON on stdout instead of the table)")
     p.add_argument("--plot", metavar="PATH",
-                   help="also write a PNG of the overshoot distributions (needs matplotlib)")
+                   help="also write a PNG of the overshoot distributions (needs matplotlib: "
+                   "pip install timeoutcore[plot])")
+    p.add_argument("--full", action="store_true",
+                   help="run the full harness of a source checkout (benchmarks/harness.py)")
     p.set_defaults(func=bench)
 
     p = sub.add_parser("run", help="run a command under a hard (and soft) time limit",
