@@ -15,7 +15,9 @@ Inside a scope (see the README's "What can be interrupted"):
   keeps its meaning: ``socket.timeout`` when it comes first); TLS runs OpenSSL
   non-blocking and waits between attempts (``_patch_socket`` has the details);
 * ``select.select``, ``select.poll`` objects' ``poll``, every ``selectors`` selector's
-  ``select``;
+  ``select`` (except a wait on nothing but the socket of a connection whose running
+  command ``contrib.db.guard`` will cancel: that one is the original call, ended by the
+  cancel -- "waits left to a statement's cancel" below);
 * ``threading.Condition.wait`` -- hence ``Event.wait``, ``Semaphore.acquire``,
   ``queue.Queue.get``/``put``, ``Condition.wait_for``, ``concurrent.futures`` waits --
   and ``threading.Thread.join``;
@@ -51,7 +53,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 from . import _stop
 from ._engine import core
@@ -103,6 +105,91 @@ def _make_sleep(orig: Callable[[float], None]) -> Callable[..., None]:
     return sleep
 
 
+# --- waits left to a statement's cancel ----------------------------------------------------
+#
+# A database driver that runs its protocol in Python (psycopg 3 without its C speed-up: its
+# pure-Python implementation, the only one on free-threaded CPython) waits for the server
+# in select.select / select.poll / a selector, in slices of its own (psycopg: 100 ms),
+# between sending a query and reading its result. Ended there by the deadline, the wait
+# raises our interrupt inside the driver's protocol code: psycopg's Connection.wait drains a
+# cancelled query only for KeyboardInterrupt/SystemExit, so it drops the half-done exchange
+# and the connection stays ACTIVE ("another command is already in progress"), however
+# guard()'s cancel ended the query on the server. So while guard(conn) is armed in a scope
+# and a command is in progress on the connection, a patched wait of this thread on that
+# connection's socket alone is the original call: the deadline does not end it, guard()'s
+# cancel does -- the server answers, the driver reads that answer to its end, and the
+# interrupt surfaces when the driver returns (guard() protects the driver's code), exactly
+# as with the C implementation, whose wait is not patched. A wait with no command in
+# progress (psycopg's notifies()) still ends at the deadline: no cancel would end it, and
+# the connection has no exchange to lose. Rejected: raising in the wait and draining in
+# guard()'s exit (it needs the driver's private generators, and a cancel that raced the
+# raise); honouring every protected module in the patched waits (the default ones are the
+# standard library code patch() is built to end waits inside, at points where no lock is
+# held).
+
+
+class _LeftToCancel(threading.local):
+    def __init__(self) -> None:
+        # fd -> the live() of each registration on it (a connection may be guarded twice)
+        self.fds: dict[int, list[Callable[[], bool]]] = {}
+
+
+_left = _LeftToCancel()
+
+
+def _leave_to_cancel(fd: int, live: Callable[[], bool]) -> Callable[[], None]:
+    """In this thread, until the returned undo is called (in this thread too): a patched
+    ``select``/``poll``/selector wait on ``fd`` alone is the original call, which the
+    deadline does not end, while ``live()`` is true at its start (a command in progress,
+    which the cancel ends; false once the connection is closed: its fd number may be
+    reused by another socket). For ``contrib.db.guard`` (see above)."""
+    if isinstance(fd, bool) or not isinstance(fd, int):
+        raise TypeError(f"fd must be an int, not {type(fd).__name__}")
+    if fd < 0:
+        raise ValueError(f"fd must be a file descriptor (>= 0), got {fd}")
+    if not callable(live):
+        raise TypeError(f"live must be callable, not {type(live).__name__}")
+    fds = _left.fds
+    fds.setdefault(fd, []).append(live)
+
+    def undo() -> None:
+        lives = fds.get(fd)
+        if lives is None or live not in lives:
+            return
+        lives.remove(live)
+        if not lives:
+            del fds[fd]
+
+    return undo
+
+
+def _fd_of(obj: Any) -> Optional[int]:
+    """The descriptor ``select``/``poll`` take ``obj`` for (an int, or ``fileno()``); None
+    when there is none (the original call reports that)."""
+    if isinstance(obj, int):
+        return int(obj)
+    try:
+        n = obj.fileno()
+    except (AttributeError, OSError, TypeError, ValueError):
+        return None
+    return n if isinstance(n, int) else None
+
+
+def _left_to_cancel(watched: Iterable[Any]) -> bool:
+    """Does this wait watch only sockets that a guard's cancel ends (and at least one)?"""
+    fds = _left.fds
+    if not fds:
+        return False
+    seen = False
+    for obj in watched:
+        n = _fd_of(obj)
+        lives = None if n is None else fds.get(n)
+        if not lives or not any(live() for live in lives):
+            return False
+        seen = True
+    return seen
+
+
 # --- select / selectors --------------------------------------------------------------------
 
 
@@ -127,6 +214,8 @@ def _scoped_select(orig: Callable[..., Any], args: Tuple[Any, ...],
         rlist, wlist, xlist = list(args[0]), list(args[1]), list(args[2])
     except TypeError:
         return orig(*args)
+    if _left_to_cancel(rlist + wlist + xlist):
+        return orig(rlist, wlist, xlist, *args[3:])
 
     wake = _stop.wake_fd()
     watched = rlist + [wake]
@@ -141,19 +230,32 @@ def _scoped_select(orig: Callable[..., Any], args: Tuple[Any, ...],
 
 class _Poll:
     """What the patched ``select.poll()`` returns: a C poll object whose ``poll`` ends at
-    the deadline. ``register``/``modify``/``unregister`` are the C object's own."""
+    the deadline. ``register``/``modify``/``unregister`` are the C object's own, the
+    registered descriptors noted (a wait on a guarded connection alone is left to its
+    cancel)."""
 
-    __slots__ = ("_poll", "modify", "register", "unregister")
+    __slots__ = ("_fds", "_poll", "modify")
 
     def __init__(self, factory: Callable[[], Any]) -> None:
         p = factory()
         self._poll = p
-        self.register = p.register
+        self._fds: set[int] = set()
         self.modify = p.modify
-        self.unregister = p.unregister
+
+    def register(self, fd: Any, *args: Any) -> None:
+        self._poll.register(fd, *args)
+        n = _fd_of(fd)
+        if n is not None:
+            self._fds.add(n)
+
+    def unregister(self, fd: Any) -> None:
+        self._poll.unregister(fd)
+        n = _fd_of(fd)
+        if n is not None:
+            self._fds.discard(n)
 
     def poll(self, *args: Any, **kwargs: Any) -> Any:
-        if _remaining() is None:
+        if _remaining() is None or _left_to_cancel(self._fds):
             return self._poll.poll(*args, **kwargs)
         wake = _stop.wake_fd()
         self._poll.register(wake, _POLLIN)  # for this call only: the caller never sees it
@@ -200,6 +302,10 @@ def _make_selector_select(orig: Callable[..., Any]) -> Callable[..., Any]:
     def select(self: Any, timeout: Optional[float] = None) -> Any:
         if _remaining() is None or not (timeout is None or _is_number(timeout)):
             return orig(self, timeout)
+        if _left.fds:
+            keys = self.get_map()
+            if keys is not None and _left_to_cancel(key.fd for key in keys.values()):
+                return orig(self, timeout)
 
         def step(t: Optional[float]) -> Tuple[bool, Any]:
             result = orig(self, t)  # our wake-up fd has no key: the selector drops it

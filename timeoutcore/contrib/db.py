@@ -72,6 +72,7 @@ from typing import Any, Callable, ContextManager, Optional
 from .. import _stop
 from .._engine import core
 from ..interrupt import interrupt_with
+from ..patch import _leave_to_cancel
 from ..protect import protect_module, protected_modules
 
 __all__ = ["cancel_of", "connection", "getconn", "guard"]
@@ -109,14 +110,66 @@ def guard(conn: Any) -> ContextManager[Any]:
     psycopg 3 runs its protocol in Python where its C speed-up is not installed (its
     pure-Python implementation is the only one on free-threaded CPython): an interrupt that
     surfaced there would leave the connection with "another command already in progress".
-    So guard() protects the ``psycopg`` package (:func:`timeoutcore.protect_module`): the
-    cancelled query returns its error to the caller, and the interrupt surfaces there."""
+    So guard() protects the ``psycopg`` package (:func:`timeoutcore.protect_module`), and,
+    under :func:`timeoutcore.patch`, leaves the patched ``select``/``poll``/selector waits
+    on the connection's socket to the cancel (``timeoutcore.patch``, "waits left to a
+    statement's cancel") while a command is in progress on it: the cancelled query returns
+    its error to the caller, and the interrupt surfaces there. As with psycopg's C
+    implementation, a stop that the guard does not watch (a scope opened inside its block)
+    is heard when the statement ends."""
     cancel = cancel_of(conn)
     if _is_sqlite(conn):
         return _SqliteGuard(conn)
-    if type(conn).__module__.split(".")[0] == "psycopg" and "psycopg" not in protected_modules():
-        protect_module("psycopg")
+    if type(conn).__module__.split(".")[0] == "psycopg":
+        if "psycopg" not in protected_modules():
+            protect_module("psycopg")
+        return _PsycopgGuard(conn, cancel)
     return interrupt_with(cancel)
+
+
+class _PsycopgGuard:
+    """``guard(psycopg_conn)``: ``interrupt_with(conn.cancel_safe)``, and while it is armed
+    the patched waits on the connection's socket left to that cancel."""
+
+    __slots__ = ("_conn", "_inner", "_undo")
+
+    def __init__(self, conn: Any, cancel: Callable[[], Any]) -> None:
+        self._conn = conn
+        self._inner = interrupt_with(cancel)
+        self._undo: Optional[Callable[[], None]] = None
+
+    def __enter__(self) -> _PsycopgGuard:
+        if self._undo is not None:
+            raise RuntimeError("guard(): this guard is already entered")
+        self._inner.__enter__()
+        if core.current_scope() is None:
+            return self  # interrupt_with armed nothing: no cancel will end a wait
+        conn = self._conn
+        try:
+            fd = int(conn.fileno())
+        except Exception:  # noqa: BLE001 - closed or broken: its statements fail at once
+            return self
+        active = importlib.import_module("psycopg.pq").TransactionStatus.ACTIVE
+        pgconn = conn.pgconn
+
+        def running() -> bool:
+            # A command sent and not finished: the one thing the cancel ends. Not while the
+            # connection waits with no command in progress (notifies()): nothing would end
+            # that wait at the stop time. A closed connection reports UNKNOWN.
+            return bool(pgconn.transaction_status == active)
+
+        if fd >= 0:
+            self._undo = _leave_to_cancel(fd, running)
+        return self
+
+    def __exit__(self, exc_type: Optional[type[BaseException]],
+                 exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+        undo, self._undo = self._undo, None
+        try:
+            self._inner.__exit__(exc_type, exc, tb)  # raises the stop if it cancelled
+        finally:
+            if undo is not None:
+                undo()
 
 
 def _pragma(conn: Any, sql: str) -> list[Any]:
