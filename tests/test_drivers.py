@@ -3,10 +3,16 @@ a SQLite statement waiting for another connection's lock stops at the deadline t
 
 from __future__ import annotations
 
+import json
+import os
+import select
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -112,6 +118,46 @@ def test_postgres_query_stops(driver: str, trigger: str, postgres_dsn: str) -> N
     # broken, the query runs its 10 s
     assert late < 2.0, late
     assert row[0] == 1
+
+
+# psycopg's pure-Python wait functions: wait_poll is its choice on Linux and macOS,
+# wait_select on Windows, wait_selector elsewhere; wait_epoll only when asked for.
+PURE_PYTHON_WAITS = ["wait_poll", "wait_select", "wait_selector"] + (
+    ["wait_epoll"] if hasattr(select, "epoll") else [])
+
+
+@pytest.mark.parametrize("wait", PURE_PYTHON_WAITS)
+def test_pure_python_psycopg_stops_leave_the_connection_usable(wait: str,
+                                                               postgres_dsn: str) -> None:
+    """psycopg's pure-Python implementation (the only one on free-threaded CPython) waits
+    for the server in select/poll/a selector, which patch() ends at the deadline. A stop
+    under guard() must still end the block with its own exception and leave the connection
+    as the C implementation does: failed (a rollback clears it), never ACTIVE with
+    "another command is already in progress". Four stops of a query in a row on one
+    connection, then a stop of a notifies() wait (no command in progress: the patched wait
+    itself must end at the deadline; not with wait_epoll, whose epoll object is not
+    patched), in a child process: psycopg picks its implementation and wait function when
+    imported."""
+    pytest.importorskip("psycopg")
+    stops = ["hard", "soft", "cancel", "hard"] + (["notifies"] if wait != "wait_epoll" else [])
+    proc = subprocess.run(
+        [sys.executable, "psycopg_python_stops.py", postgres_dsn, *stops],
+        cwd=Path(__file__).parent, capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, PSYCOPG_IMPL="python", PSYCOPG_WAIT_FUNC=wait))
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert (got["impl"], got["wait"]) == ("python", wait)
+    assert [s["stop"] for s in got["stops"]] == stops
+    for stop in got["stops"]:
+        assert stop["outcome"] == WANT.get(stop["stop"], "hard"), stop
+        # a stopped query: failed, or done; a stopped notifies(): as it was. Broken: ACTIVE
+        ok = ("IDLE", "INTRANS") if stop["stop"] == "notifies" else ("IDLE", "INERROR")
+        assert stop["status"] in ok, stop
+        assert stop["after"] == 1, stop  # rollback(), then SELECT 1
+        assert stop["late"] < 2.0, stop  # a bound (as above); broken: the query's 10 s
+    assert got["left"] == {"guards": 0, "fds": 0}
 
 
 # --- SQLite: a statement waiting for another connection's lock -----------------------------
