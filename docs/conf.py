@@ -59,7 +59,11 @@ nitpick_ignore_regex = [
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
-autodoc_default_options = {"members": True}
+# pydantic's own class attributes carry pydantic's docstrings, not ours.
+autodoc_default_options = {
+    "members": True,
+    "exclude-members": "model_config, model_fields, model_computed_fields",
+}
 
 html_theme = "furo"
 html_title = f"timeoutcore {release}"

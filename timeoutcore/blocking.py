@@ -233,7 +233,7 @@ def acquire(lock: Any, blocking: bool = True, timeout: float = -1) -> bool:
 
     For any lock with the ``threading.Lock`` signature (``Lock``, ``RLock``, ``Semaphore``
     ...). ``timeout=-1`` waits without a timeout, as ``Lock.acquire`` does. Plain
-    ``Lock.acquire`` is not changed by ``patch()`` (see the README); use this instead.
+    ``Lock.acquire`` is not changed by ``patch()`` (C lock types cannot be); use this instead.
     """
     if not blocking or _remaining() is None or not _is_number(timeout):
         return bool(lock.acquire(blocking, timeout))

@@ -127,8 +127,16 @@ _fork.register(_fork.FEATURE, after_in_child=_interrupter._after_fork_in_child)
 
 class interrupt_with:  # noqa: N801 - a context manager named like the stdlib's (suppress)
     """``with interrupt_with(fn):`` -- call ``fn()`` from another thread at this thread's
-    stop time (see the module docstring). Use it inside a scope; outside one it does
-    nothing. Nested ones are independent; each calls its own ``fn`` at most once."""
+    stop time, to end a blocking C call through its own cancel API.
+
+    Inside a scope, when the stop time comes -- the hard deadline, a ``cancel()`` or an
+    earlier ``reschedule()``, a ``soft_raise`` soft limit -- ``fn()`` is called once, on
+    another thread (never the guarded one); the C call returns, and the interrupt surfaces
+    as usual. ``fn`` is never called after the ``with`` has exited; a failing ``fn`` is
+    logged on logger ``timeoutcore`` and does not prevent the interrupt. Outside a scope it
+    does nothing. Nested ones are independent; each calls its own ``fn`` at most once.
+    ``timeoutcore.contrib.db.guard(conn)`` picks the cancel of a database connection.
+    Raises ``TypeError`` if ``fn`` is not callable."""
 
     __slots__ = ("_fn", "_guard")
 

@@ -96,7 +96,10 @@ class PolicyTable:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PolicyTable:
-        """``{"default": {...}, "job": {"hard": 2, "soft": 1}, ...}``."""
+        """A table from ``{"default": {...}, "resize": {"limit": 2, "soft_limit": 1}, ...}``:
+        job name -> the fields of a :class:`DeadlinePolicy`; ``default`` (optional) is the
+        policy of jobs without one. Raises ``pydantic.ValidationError`` (a ``ValueError``)
+        for an invalid policy."""
         policies = {k: v for k, v in data.items() if k.lower() != "default"}
         default = next((v for k, v in data.items() if k.lower() == "default"), None)
         return cls(policies, default)

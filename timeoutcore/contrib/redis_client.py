@@ -28,7 +28,8 @@ stoppable, and where it stops:
 * everything else -- the Python-level parsing of a reply, the retry logic -- is held back
   until the command returns (at most one command's Python work; a hold longer than 50 ms is
   logged like any deferral). Without ``patch()`` a socket wait is not stopped anyway
-  (README, "What can be interrupted"), so the interrupt surfaces when the command returns.
+  (the docs' "What a deadline can interrupt"), so the interrupt surfaces when the command
+  returns.
 
 One gap protection cannot close: a ``WATCH``ing pipeline's ``reset()`` (the exit of its
 ``with``, the end of ``transaction()``) sends ``UNWATCH`` and reads the reply before it
