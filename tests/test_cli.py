@@ -140,15 +140,16 @@ def test_demo_at_its_defaults_prints_a_table_and_stops_the_overrunning_tasks(
     rows = _demo_rows(out)
     assert [r[0] for r in rows] == [0, 1, 2, 3], out
     task, what, status, elapsed, over = rows[0]
-    assert what == "CPU loop, 1.00 s of work"
-    assert status == "timed out" and over is not None and over < LATE * 1e3
-    assert 0.25 <= elapsed < 0.25 + LATE
-    assert all(r[4] is None for r in rows if r[2] != "timed out")  # overshoot: timed out only
-    assert "4 tasks in " in out and "1 timed out" in out
+    assert what == "CPU loop, 1.00 s of work", out
+    assert status == "timed out" and over is not None and over < LATE * 1e3, out
+    assert 0.25 <= elapsed < 0.25 + LATE, out
+    assert all(r[4] is None for r in rows if r[2] != "timed out"), out  # timed out only
+    assert re.search(r"^4 tasks in [0-9.]+ s: .*\d timed out", out, re.MULTILINE), out
     assert 'signal.alarm, for comparison: in a pool thread it raises ValueError ("' in out
     assert "0.25 s becomes 1 s" in out
-    assert "WARNING" not in out + proc.stderr  # the soft-limit warnings are counted, not printed
-    assert all(len(line) <= 120 for line in out.splitlines()), out
+    # the soft-limit warnings are counted, not printed between the rows
+    assert "soft limit passed" not in out + proc.stderr, (out, proc.stderr)
+    assert all(len(line) <= 100 for line in out.splitlines()), out
 
 
 @pytest.mark.parametrize(
