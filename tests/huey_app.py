@@ -46,23 +46,27 @@ def stamps_key(huey: RedisHuey) -> str:
 
 
 def make_huey(url: str, name: str, *, install: bool = False, patch: bool = False,
-              stamps: bool = False) -> App:
+              signals: str = "log") -> App:
     """The app: a RedisHuey named ``name`` on ``url`` with the tasks below; ``install``:
-    ``timeoutcore.contrib.huey.install(huey, patch=patch)`` first, as a user does;
-    ``stamps``: record when each task signal fired (:func:`stamps_key`)."""
+    ``timeoutcore.contrib.huey.install(huey, patch=patch)`` first, as a user does.
+    ``signals``: what a consumer does with huey's task signals: ``log`` them
+    ("SIGNAL <name> <task id>"), record their ``stamps`` (:func:`stamps_key`), or nothing
+    (``off``, the benchmark's throughput rounds)."""
+    if signals not in ("log", "stamps", "off"):
+        raise ValueError(f"signals must be log, stamps or off, not {signals!r}")
     huey = RedisHuey(name, url=url)
     if install:
         from timeoutcore.contrib.huey import install as install_timeoutcore
 
         install_timeoutcore(huey, patch=patch)
 
-    if stamps:
+    if signals == "stamps":
         @huey.signal()
         def stamp_signal(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
             huey.storage.conn.hset(stamps_key(huey), f"{task.id}:{signal}", time.monotonic())
-    else:
+    elif signals == "log":
         @huey.signal()
-        def every_signal(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
+        def log_signal(signal: str, task: Any, *args: Any, **kwargs: Any) -> None:
             app_log.info("SIGNAL %s %s", signal, task.id)
 
     @huey.task(timeout=0.5)
@@ -121,14 +125,17 @@ def make_huey(url: str, name: str, *, install: bool = False, patch: bool = False
                 threading.active_count()]
 
     @huey.task()
-    def gate(key: str) -> str:
-        """Hold the worker until ``key`` (a Redis list) gets an item (or 60 s pass)."""
+    def gate(key: str) -> float:
+        """Hold the worker until ``key`` (a Redis list) gets an item (or 60 s pass); the
+        consumer's CPU seconds then."""
         huey.storage.conn.blpop([key], timeout=60)
-        return "open"
+        return time.process_time()
 
     @huey.task()
-    def clock() -> float:
-        return time.monotonic()
+    def clock() -> list[float]:
+        """``time.monotonic()`` (one clock for the machine's processes) and the consumer's
+        CPU seconds."""
+        return [time.monotonic(), time.process_time()]
 
     tasks = [sleeper, fetch, spin, child, retried, blocker, work, whoami, gate, clock]
     return App(huey, {t.func.__name__: t for t in tasks})
@@ -137,7 +144,8 @@ def make_huey(url: str, name: str, *, install: bool = False, patch: bool = False
 def _from_env() -> RedisHuey:
     return make_huey(os.environ["TC_URL"], os.environ["TC_HUEY_NAME"],
                      install=os.environ.get("TC_INSTALL") == "1",
-                     patch=os.environ.get("TC_PATCH") == "1").huey
+                     patch=os.environ.get("TC_PATCH") == "1",
+                     signals=os.environ.get("TC_SIGNALS", "log")).huey
 
 
 _app: list[RedisHuey] = []

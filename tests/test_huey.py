@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 import os
 import re
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,9 @@ from huey import RedisHuey
 from huey.api import Result
 from huey.exceptions import TaskException
 
+import huey_harness
 from huey_harness import Consumer
+from test_readme import FENCE, FILE_NAME
 
 LIMIT = 0.5  # the timeout of the limited tasks of huey_app
 LATE = 3.0  # generous: the result is read by polling, on a loaded machine
@@ -269,3 +274,43 @@ def test_without_install_thread_workers_ignore_the_timeout(redis_url: str,
         got, took = timed(c["sleeper"](1.0))  # timeout=0.5
         assert got == "ok:slept" and took >= 1.0
         assert c.stop() == 0
+
+
+# --- the documentation's example ------------------------------------------------------------
+
+
+@pytest.mark.once
+def test_docs_example_runs_with_a_thread_consumer(redis_url: str, tmp_path: Path) -> None:
+    """docs/huey.md (its page is this module's, tests/test_readme.py OWN_TESTS): the
+    fragments compile, tasks.py under a real consumer and client.py print what they say."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "huey.md").read_text()
+    files = {}
+    for lang, code in FENCE.findall(page):
+        if lang == "py":
+            compile(code, "<fragment>", "exec")
+        else:
+            first = FILE_NAME.match(code.splitlines()[0])
+            assert first, f"a python block of docs/huey.md names no file:\n{code}"
+            files[first[1]] = code
+    assert set(files) == {"tasks.py", "client.py"}
+    name = f"timeoutcore-docs-{uuid.uuid4().hex}"  # runs sharing a Redis stay apart
+    assert 'RedisHuey("tasks",' in files["tasks.py"]
+    (tmp_path / "tasks.py").write_text(files["tasks.py"].replace('RedisHuey("tasks",',
+                                                                 f'RedisHuey("{name}",'))
+    (tmp_path / "client.py").write_text(files["client.py"])
+    env = dict(os.environ, REDIS_URL=redis_url, PYTHONPATH=os.pathsep.join(
+        p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p))
+    log_path = tmp_path / "consumer.log"
+    proc = huey_harness.start(log_path, "tasks.huey", tmp_path, env, workers=4)
+    try:
+        huey_harness.wait_ready(proc, log_path)
+        client = subprocess.run([sys.executable, "client.py"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        status = huey_harness.stop(proc)
+        RedisHuey(name, url=redis_url).flush()
+    log = log_path.read_text()
+    assert client.returncode == 0, client.stderr + log
+    assert client.stdout.splitlines() == [
+        "stuck: TaskTimeout('timeout (0.5s)')", "done", "revoked: True"], client.stdout + log
+    assert status == 0, log

@@ -80,6 +80,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 import weakref
 from contextlib import nullcontext
 from typing import Any, Callable, Optional
@@ -101,6 +102,8 @@ log = logging.getLogger("huey.timeoutcore")
 
 #: The reason a revoked task's scope is cancelled with.
 REVOKED = "revoked"
+#: Seconds without a running task after which the revoke watcher sleeps until one starts.
+IDLE_AFTER = 1.0
 
 _INSTALLED = "_timeoutcore_huey"
 _NOTHING = nullcontext()  # reusable: what _timeout_context hands huey's `with`
@@ -126,7 +129,13 @@ def _task_timeout(task: Any) -> Optional[float]:
 
 class _Running:
     """The tasks running under a scope in this process, and the thread that cancels the
-    revoked ones (started with the first task, idle while none runs)."""
+    revoked ones: started with the first task, it checks every ``interval`` seconds while
+    tasks run and sleeps once none has run for :data:`IDLE_AFTER` seconds.
+
+    Rule: starting a task wakes the watcher only when it sleeps. A wake-up per task (the
+    first design) cost each short task a thread switch and a storage read of its own --
+    more than the task's scope itself -- for nothing: a revoke of a task that has just
+    started can wait for the next check like any other."""
 
     def __init__(self, huey: Huey, interval: Optional[float]) -> None:
         self.huey = huey
@@ -135,6 +144,7 @@ class _Running:
         self.tasks: dict[Any, Any] = {}  # scope -> task, while the task runs
         self.thread: Optional[threading.Thread] = None
         self.pid = 0
+        self.sleeping = False  # the watcher waits for a task (no timeout)
         self.stopping = False
         self.failing = False  # the storage failed; logged once until it answers again
 
@@ -144,13 +154,14 @@ class _Running:
         with self.cond:
             self.tasks[scope] = task
             if self.thread is None or self.pid != os.getpid():  # first task, or forked
-                self.stopping = False
+                self.stopping = self.sleeping = False
                 self.pid = os.getpid()
                 self.thread = threading.Thread(target=self._watch, daemon=True,
                                                name="timeoutcore-huey-revoke")
                 self.thread.start()
                 _watchers.add(self)
-            elif len(self.tasks) == 1:
+            elif self.sleeping:
+                self.sleeping = False
                 self.cond.notify()
 
     def remove(self, scope: Any) -> None:
@@ -171,12 +182,18 @@ class _Running:
     def _watch(self) -> None:
         interval = self.interval
         assert interval is not None
+        busy_at = time.monotonic()
         while True:
             with self.cond:
-                while not self.tasks and not self.stopping:
-                    self.cond.wait()
                 if self.stopping:
                     return
+                if self.tasks:
+                    busy_at = time.monotonic()
+                elif time.monotonic() - busy_at > IDLE_AFTER:
+                    self.sleeping = True
+                    while self.sleeping and not self.stopping:
+                        self.cond.wait()
+                    continue  # a task started: check now, then every interval
                 running = list(self.tasks.items())
             for scope, task in running:
                 if self._revoked(task):
@@ -243,7 +260,7 @@ class _Guard:
         """huey's ``create_consumer``; for thread workers, every task then runs guarded."""
         consumer = self.create_consumer(**options)
         environment = getattr(consumer, "environment", None)
-        if type(environment) is not ThreadEnvironment:
+        if not isinstance(environment, ThreadEnvironment):
             log.info("huey %s workers keep huey's own timeout: timeoutcore stays out",
                      getattr(consumer, "worker_type", "?"))
             self.enforcing = False
