@@ -95,12 +95,45 @@ def _row(cells: list[str]) -> nodes.row:
 
 
 #: Keys that say where and how a file was measured (shown above its tables, not in them).
-META_KEYS = ("environment", "command", "python", "machine", "server", "date", "host",
-             "cpus", "commit", "engine", "load")
+META_KEYS = ("environment", "schema", "mode", "command", "python", "machine", "server",
+             "date", "host", "cpus", "commit", "engine", "load")
+
+#: A list this long is raw samples: drawn (where matplotlib is), not printed in a cell.
+SAMPLES_MIN = 7
+
+Row = tuple[str, dict[str, Any]]
 
 
-def _render_file(path: Path) -> tuple[list[nodes.Node], list[tuple[str, dict[str, Any]]]]:
-    """The tables of one result file, and its rows that hold latency percentiles."""
+def _is_samples(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) >= SAMPLES_MIN
+            and all(_is_scalar(v) for v in value))
+
+
+def _label(entry: dict[str, Any]) -> str:
+    """A row's name from its short text fields; ``x`` is left out where ``x_title`` (or,
+    for ``method``, ``title``) says the same for people."""
+    names = []
+    for key, value in entry.items():
+        if not isinstance(value, str) or key == "note" or len(value) > 40:
+            continue  # a sentence (an error, a note) is for the table, not a name
+        if f"{key}_title" in entry or (key == "method" and "title" in entry):
+            continue
+        names.append(value)
+    return " / ".join(names) or "?"
+
+
+def _table_of(rows: list[Row], first: str | None) -> nodes.table:
+    """One row per entry; raw-sample columns are left out (they are in the file)."""
+    columns = list(dict.fromkeys(c for _, fields in rows for c in fields
+                                 if not any(_is_samples(f.get(c)) for _, f in rows)))
+    header = ([first] if first else []) + columns
+    body = [([name] if first else []) + [_cell(fields.get(c)) for c in columns]
+            for name, fields in rows]
+    return _table(header, body)
+
+
+def _render_file(path: Path) -> tuple[list[nodes.Node], list[tuple[str, list[Row]]]]:
+    """The tables of one result file, and its groups of rows to draw."""
     data = json.loads(path.read_text(encoding="utf-8"))
     out: list[nodes.Node] = [nodes.rubric(text=path.name)]
     if not isinstance(data, dict):
@@ -129,26 +162,41 @@ def _render_file(path: Path) -> tuple[list[nodes.Node], list[tuple[str, dict[str
             item += para
             items += item
         out.append(items)
+    drawn: list[tuple[str, list[Row]]] = []
     # Measurements with the same fields share one table: one row each.
-    groups: dict[tuple[str, ...], list[str]] = {}
+    groups: dict[tuple[str, ...], list[Row]] = {}
     for name, fields in measured.items():
-        groups.setdefault(tuple(fields), []).append(name)
-    for columns, names in groups.items():
-        header = ["measurement", *columns]
-        rows = [[name, *(_cell(measured[name][c]) for c in columns)] for name in names]
-        out.append(_table(header, rows))
+        groups.setdefault(tuple(fields), []).append((name, fields))
+    for rows in groups.values():
+        out.append(_table_of(rows, "measurement"))
+    # One chart for the file's latency measurements, whichever table they are in.
+    latencies = [(name, f) for name, f in measured.items()
+                 if "p50_ms" in f and ("p90_ms" in f or "p99_ms" in f)]
+    if latencies:
+        drawn.append((path.name, latencies))
     for name, entries in lists.items():
-        columns = list(dict.fromkeys(c for entry in entries for c in entry))
-        rows = [[_cell(entry.get(c)) for c in columns] for entry in entries]
+        rows = [(_label(entry), entry) for entry in entries]
         out.append(nodes.paragraph(text=f"{name}:"))
-        out.append(_table(columns, rows))
-    percentiles = [(name, fields) for name, fields in measured.items()
-                   if "p50_ms" in fields and "p99_ms" in fields]
-    return out, percentiles
+        out.append(_table_of(rows, None))
+        drawn.append((f"{path.name}: {name}", rows))
+    return out, drawn
 
 
-def _chart(title: str, rows: list[tuple[str, dict[str, Any]]]) -> nodes.Node | None:
-    """An inline SVG bar chart of p50/p90/p99 per measurement; None without matplotlib."""
+def _chart(title: str, rows: list[Row]) -> nodes.Node | None:
+    """An inline SVG of the rows' latencies: a box per row where the file holds the raw
+    samples (``*samples_ms``), else bars of the p50/p90/p99 it holds. None without
+    matplotlib, or when the rows hold neither."""
+    samples = [(name, [v for v in next(f[k] for k in f if k.endswith("samples_ms"))
+                       if isinstance(v, (int, float)) and v > 0])
+               for name, f in rows if any(k.endswith("samples_ms") for k in f)]
+    samples = [(name, values) for name, values in samples if values]
+    keys = [k for k in ("p50_ms", "p90_ms", "p99_ms") if all(k in f for _, f in rows)]
+    if not ("p50_ms" in keys and len(keys) > 1):
+        # A cost per operation (``per_block_ns``, ``cost_us``...) shared by every row.
+        keys = [k for k in rows[0][1] if k.endswith(("_ns", "_us"))
+                and all(isinstance(f.get(k), (int, float)) for _, f in rows)][:1]
+    if not samples and (not keys or len(rows) < 2):
+        return None
     try:
         import matplotlib
 
@@ -158,22 +206,29 @@ def _chart(title: str, rows: list[tuple[str, dict[str, Any]]]) -> nodes.Node | N
         return None
     import io
 
-    keys = [k for k in ("p50_ms", "p90_ms", "p99_ms") if all(k in f for _, f in rows)]
-    fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(rows) * len(keys) / 2))
-    height = 0.8 / len(keys)
-    for i, key in enumerate(keys):
-        ax.barh([j + i * height for j in range(len(rows))], [f[key] for _, f in rows],
-                height=height, label=key.removesuffix("_ms"))
-    ax.set_yticks([j + height * (len(keys) - 1) / 2 for j in range(len(rows))],
-                  [name for name, _ in rows])
+    count = len(samples) if samples else len(rows)
+    fig, ax = plt.subplots(figsize=(8, 1 + 0.32 * count * (1 if samples else len(keys) / 2)))
+    if samples:
+        ax.boxplot([values for _, values in samples], vert=False, whis=(0, 100),
+                   tick_labels=[name for name, _ in samples])
+        ax.set_xlabel("ms (log scale; whiskers: min and max)")
+    else:
+        height = 0.8 / len(keys)
+        for i, key in enumerate(keys):
+            ax.barh([j + i * height for j in range(len(rows))], [f[key] for _, f in rows],
+                    height=height, label=key.removesuffix("_ms"))
+        ax.set_yticks([j + height * (len(keys) - 1) / 2 for j in range(len(rows))],
+                      [name for name, _ in rows])
+        if len(keys) > 1:
+            ax.legend()
+        unit = keys[0].rsplit("_", 1)[1].replace("us", "µs")
+        ax.set_xlabel(f"{keys[0] if len(keys) == 1 else unit} (log scale)")
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlabel("ms (log scale)")
     ax.set_title(title)
-    ax.legend()
     fig.tight_layout()
     buf = io.StringIO()
-    fig.savefig(buf, format="svg")
+    fig.savefig(buf, format="svg", metadata={"Date": None})
     plt.close(fig)
     svg = buf.getvalue()
     return nodes.raw("", svg[svg.index("<svg"):], format="html")
@@ -194,10 +249,10 @@ class BenchmarkResults(SphinxDirective):
                 logger.warning("benchmark-results: no result file %s", path.name,
                                location=self.get_location())
                 continue
-            tables, percentiles = _render_file(path)
+            tables, drawn = _render_file(path)
             out.extend(tables)
-            if percentiles:
-                chart = _chart(path.name, percentiles)
+            for title, rows in drawn:
+                chart = _chart(title, rows)
                 if chart is not None:
                     out.append(chart)
         return out
