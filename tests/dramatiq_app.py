@@ -7,7 +7,8 @@ own (broker keys, results, registry), so runs sharing one Redis never see each o
 messages.
 
 ``TC_LIMITS``: ``timeoutcore`` (this package's TimeLimit, ``install(broker, patch=True)``),
-``stock`` (dramatiq's own TimeLimit, as the broker comes), or ``none``. ``TC_STOPWATCH=1``
+``timeoutcore-nopatch`` (the same without ``patch()``), ``stock`` (dramatiq's own TimeLimit,
+as the broker comes), or ``none``. ``TC_STOPWATCH=1``
 adds :class:`Stopwatch` (the benchmark's clock, in the worker).
 """
 
@@ -39,7 +40,7 @@ def make_broker(url: str, namespace: str, *, limits: str = "timeoutcore",
     set up as the worker runs it (the sending side needs none of it)."""
     broker = RedisBroker(url=url, namespace=namespace)
     broker.add_middleware(Results(backend=RedisBackend(url=url, namespace=f"{namespace}-r")))
-    if limits == "timeoutcore":
+    if limits in ("timeoutcore", "timeoutcore-nopatch"):
         from timeoutcore.contrib.dramatiq import install
 
         registry = None
@@ -47,7 +48,7 @@ def make_broker(url: str, namespace: str, *, limits: str = "timeoutcore",
             from timeoutcore.contrib.redis import DeadlineRegistry
 
             registry = DeadlineRegistry.from_url(url, prefix=registry_prefix)
-        install(broker, patch=worker, registry=registry, soft_time_limit=None)
+        install(broker, patch=worker and limits == "timeoutcore", registry=registry)
     elif limits == "none":
         broker.middleware[:] = [m for m in broker.middleware
                                 if not isinstance(m, StockTimeLimit)]
@@ -147,6 +148,11 @@ def _declare(broker: RedisBroker, url: str, namespace: str) -> None:
     @dramatiq.actor(**once)
     def sabotaged(how: str) -> str:
         return f"ran ({how})"
+
+    @dramatiq.actor(max_retries=0)
+    def one_ms() -> None:
+        """The benchmark's per-message cost: 1 ms of CPU, nothing stored."""
+        _burn(0.001)
 
     @dramatiq.actor(**once)
     def busy_or_not(seconds: float) -> str:

@@ -66,11 +66,11 @@ from typing import Any, Callable, Optional, Union
 from dramatiq.middleware import Middleware, MiddlewareError
 from dramatiq.middleware import TimeLimit as StockTimeLimit
 from dramatiq.middleware import TimeLimitExceeded as StockTimeLimitExceeded
-from dramatiq.middleware.threading import Interrupt
+from dramatiq.middleware.threading import Interrupt, is_gevent_active
 
 from ..errors import DeadlineCancelled, DeadlineExceeded
 from ..executor import NO_LIMIT
-from ..scope import checkpoint, thread_deadline
+from ..scope import checkpoint, shield, thread_deadline
 
 __all__ = ["Aborted", "InvalidTimeLimit", "TimeLimit", "TimeLimitExceeded", "abort", "install"]
 
@@ -169,6 +169,10 @@ class TimeLimit(Middleware):
             _ms(soft_time_limit, "soft_time_limit", "TimeLimit()")
         if not isinstance(patch, bool):
             raise TypeError(f"TimeLimit(): patch must be True or False, not {patch!r}")
+        if is_gevent_active():  # type: ignore[no-untyped-call]  # dramatiq leaves it untyped
+            # greenlets share one OS thread: a thread's deadline cannot tell them apart
+            raise RuntimeError("timeoutcore's TimeLimit limits worker threads; under gevent "
+                               "(dramatiq-gevent) keep dramatiq.middleware.TimeLimit")
         if registry is not None:
             from .redis import DeadlineRegistry
 
@@ -343,7 +347,11 @@ def _take_early_abort(registry: Any, message_id: str) -> bool:
 
     try:
         key = _ABORT_KEY.format(prefix=registry.prefix, message_id=message_id)
-        return bool(registry.client.delete(key))
+        # Shielded, as the registry's own publishing: a command cut half-way would leave
+        # its reply on a pooled connection for the next command to read. Bounded by the
+        # client's socket_timeout (from_url: 1 s).
+        with shield():
+            return bool(registry.client.delete(key))
     except (redis.RedisError, OSError) as exc:
         now = time.monotonic()
         if now - _warned_at[0] > 60:
