@@ -184,7 +184,9 @@ def docs(session: nox.Session) -> None:
     # With the C core: the reference documents the native engine's scope type (its
     # attributes live in C), not the pure-Python engine's. The integrations' frameworks are
     # stood in for by autodoc (autodoc_mock_imports), so the session installs none of them.
-    _install_project(session, ".[docs]")
+    # The plot extra (matplotlib) draws the Performance page's charts; without it the site
+    # has the tables only.
+    _install_project(session, ".[docs,plot]")
     out = ROOT / "docs" / "_build" / "html"
     session.run("sphinx-build", "-W", "--keep-going", "-n", "-q", "-b", "html",
                 str(ROOT / "docs"), str(out), *session.posargs)
