@@ -9,7 +9,8 @@ import threading
 import time
 from typing import Any
 
-from rq import get_current_job
+from rq import SimpleWorker, get_current_job
+from rq.timeouts import TimerDeathPenalty
 
 
 def noop() -> str:
@@ -79,3 +80,10 @@ def limit_seen() -> Any:
     """Nothing: for a job that reads its own meta (it shows the meta reached the worker)."""
     job = get_current_job()
     return None if job is None else dict(job.meta)
+
+
+class TimerSimpleWorker(SimpleWorker):
+    """RQ's own ``SimpleWorker`` with RQ's ``TimerDeathPenalty`` (the stock choice for a
+    worker whose jobs do not run in the main thread): the benchmark's baseline."""
+
+    death_penalty_class = TimerDeathPenalty

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,10 +33,12 @@ from rq.command import send_stop_job_command  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.timeouts import HorseMonitorTimeoutException, JobTimeoutException  # noqa: E402
 from rq_harness import TESTS, RQWorker, job_env, wait_ended, wait_status  # noqa: E402
+from test_readme import FENCE  # noqa: E402
 
 import timeoutcore  # noqa: E402
 from timeoutcore.contrib.rq import META_KEY, DeathPenalty, JobStopped, Queue  # noqa: E402
 
+DOCS = TESTS.parent / "docs" / "rq.md"
 SLACK = 3.0  # seconds past its limit a stopped job may take to end (a loaded CI machine)
 #: Jobs of the hammer; the interpreters after the first in CI do fewer.
 HAMMER = 20 if os.environ.get("TIMEOUTCORE_TESTS_ONCE_DONE") else 60
@@ -292,22 +295,19 @@ def test_the_forking_workers_horse_monitor_keeps_rqs_sigalrm() -> None:
     """``os.wait4`` in the main thread: only SIGALRM ends it before Python 3.15."""
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("needs the main thread")
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the child
-        time.sleep(5)
-        os._exit(0)
+    child = subprocess.Popen(["sleep", "5"])
     try:
         penalty = DeathPenalty(1, HorseMonitorTimeoutException)
         assert penalty.limit is None  # not ours
         start = time.monotonic()
         with pytest.raises(HorseMonitorTimeoutException):
             with penalty:
-                os.wait4(child, 0)
+                os.wait4(child.pid, 0)
         assert time.monotonic() - start < 1 + SLACK
         assert signal.getsignal(signal.SIGALRM) == signal.SIG_DFL
     finally:
-        os.kill(child, signal.SIGKILL)
-        os.waitpid(child, 0)
+        child.kill()
+        child.wait()
 
 
 @pytest.mark.once
@@ -333,7 +333,7 @@ def test_bad_exception_class_and_bad_queue_timeouts(redis_url: str) -> None:
     connection = redis.Redis.from_url(redis_url)
     try:
         queue = Queue(f"timeoutcore-rq-bad-{os.getpid()}", connection=connection)
-        for bad in (-0.5, float("nan"), float("inf")):
+        for bad in (-0.5, -2, float("nan"), float("inf")):
             with pytest.raises(ValueError, match="job_timeout"):
                 queue.enqueue(rq_jobs.noop, job_timeout=bad)
         assert queue.count == 0
@@ -360,3 +360,32 @@ def test_queue_keeps_a_float_limit_in_meta(redis_url: str) -> None:
 @pytest.mark.once
 def test_jobstopped_is_an_exception_rq_records() -> None:
     assert issubclass(JobStopped, Exception)
+
+
+@pytest.mark.once
+def test_the_docs_examples_run_and_print_what_the_page_says(redis_url: str,
+                                                             tmp_path: Path) -> None:
+    if not DOCS.exists():
+        pytest.skip("the docs are not beside tests/ (not a source checkout)")
+    page = DOCS.read_text(encoding="utf-8")
+    blocks = FENCE.findall(page)
+    for lang, code in blocks:
+        if lang == "py":
+            compile(code, "<docs/rq.md fragment>", "exec")
+    programs = [code for lang, code in blocks if lang == "python"]
+    assert len(programs) == 1
+    script = tmp_path / "example.py"
+    script.write_text(programs[0], encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, REDIS_URL=redis_url))
+    assert done.returncode == 0, done.stderr[-3000:]
+    # what the program prints, without the worker's log lines ("08:40:35 Worker ...")
+    printed = [line for line in done.stdout.splitlines()
+               if not re.match(r"\d\d:\d\d:\d\d ", line)]
+    shown = re.search(r"prints\n\n```text\n(.*?)\n```", page, re.S)
+    assert shown is not None
+    expected = shown.group(1).splitlines()
+    status = re.fullmatch(r"failed after (\d+\.\d) s", printed[0])
+    assert status is not None and 0.5 <= float(status.group(1)) < 0.5 + SLACK, printed
+    assert expected[0].startswith("failed after ")
+    assert printed[1:] == expected[1:]

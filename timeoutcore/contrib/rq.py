@@ -356,11 +356,13 @@ class Queue(_RQQueue):
     def create_job(self, func: Any, args: Any = None, kwargs: Any = None,
                    timeout: Any = None, *rest: Any, **options: Any) -> Any:
         """RQ's ``create_job`` (every ``enqueue*`` method goes through it), with a float
-        ``timeout`` kept as described above. A negative, NaN or infinite one is a
-        ``ValueError``."""
-        if isinstance(timeout, float) and timeout != -1:
+        ``timeout`` kept as described above. A negative number other than ``-1``, NaN or
+        infinity is a ``ValueError`` here, not a failure of the job on the worker (``0``
+        and strings are RQ's to judge)."""
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \
+                and timeout not in (-1, 0):
             seconds = _validate.seconds(timeout, "Queue.enqueue()", "job_timeout")
-            if not seconds.is_integer():
+            if isinstance(timeout, float) and not seconds.is_integer():
                 if len(rest) > _META_AFTER_TIMEOUT:  # meta given by position
                     given = list(rest)
                     given[_META_AFTER_TIMEOUT] = {**(given[_META_AFTER_TIMEOUT] or {}),
@@ -368,7 +370,7 @@ class Queue(_RQQueue):
                     rest = tuple(given)
                 else:
                     options["meta"] = {**(options.get("meta") or {}), META_KEY: seconds}
-            timeout = math.ceil(seconds)
+            timeout = math.ceil(seconds)  # what RQ keeps: an int, never below the limit
         return super().create_job(func, args, kwargs, timeout, *rest, **options)
 
 
