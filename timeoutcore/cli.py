@@ -29,6 +29,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -237,9 +238,11 @@ def demo(args: argparse.Namespace) -> int:
         parts = [f"{n} {status.replace('_', ' ')}" for status, n in sorted(counts.items())]
         lines = [f"{len(results)} tasks in {wall:.2f} s: {', '.join(parts)}."]
         if overs:
+            how = ("whatever they were doing" if ENGINE == "native" else "Python code and "
+                   "timeoutcore.sleep at once, a blocking C call when it returned (the "
+                   "pure-Python engine)")
             lines.append(f"Overrunning tasks were stopped {overs[len(overs) // 2]:.2f} ms after "
-                         f"their hard limit (median; at most {overs[-1]:.2f} ms), whatever "
-                         "they were doing.")
+                         f"their hard limit (median; at most {overs[-1]:.2f} ms): {how}.")
         if isinstance(handler, _Collect) and handler.records:
             lines.append(f"The soft limit ({soft:g} s) logged a warning for "
                          f"{len(handler.records)} tasks (logger 'timeoutcore') and let them "
@@ -250,7 +253,10 @@ def demo(args: argparse.Namespace) -> int:
                      f"counts whole seconds: {limit:g} s becomes {max(1, math.ceil(limit))} s.")
         print()
         for text in lines:
-            print(textwrap.fill(text, width=_DEMO_WIDTH, subsequent_indent="  "))
+            # a figure stays on one line with its unit (NUL: a character textwrap keeps)
+            text = re.sub(r"(\d) (m?s)\b", "\\1\0\\2", text)
+            print(textwrap.fill(text, width=_DEMO_WIDTH, subsequent_indent="  ")
+                  .replace("\0", " "))
     # success: every overrunning task was stopped at its hard limit
     stopped = all(r["status"] == "timed_out" for r in results if r["task"] % 4 == 0)
     return 0 if stopped else 1
