@@ -131,6 +131,18 @@ def test_readme_is_short_and_starts_with_the_two_commands() -> None:
     ]
 
 
+def test_readme_links_point_at_files_that_exist() -> None:
+    """The README's relative links (into docs/) name files of the repository; the docs'
+    own links are checked by their build (nox -s docs)."""
+    if not README.exists():
+        pytest.skip("README.md is not beside tests/ (not a source checkout)")
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README.read_text(encoding="utf-8"))
+    relative = [t for t in targets if "://" not in t and not t.startswith("mailto:")]
+    assert relative, "the README links into docs/"
+    missing = [t for t in relative if not (ROOT / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
 def test_readme_pool_example_stops_the_stuck_tasks(tmp_path: Path) -> None:
     runnable = [c for i, k, c in BLOCKS if k == "run" and i.startswith("README.md")]
     if not runnable:
