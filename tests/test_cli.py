@@ -395,6 +395,50 @@ def test_bench_full_json_dash_runs_the_harness(
     assert orjson.loads(capsys.readouterr().out) == {"mode": harness.QUICK.name}
 
 
+def _harness_row(method: str, thread: str, **figures: Any) -> dict[str, Any]:
+    """An overshoot row as the harness writes it (more keys than the packaged bench's)."""
+    return _overshoot(method, thread, method_title=method, workload_title="CPU loop",
+                      section="cpu", row=method, hogs=0, **figures)
+
+
+def _harness_measured(p50: float, outcome: str = "stopped") -> dict[str, Any]:
+    return {**_measured(p50, outcome), "abandoned": 3 if outcome == "abandoned" else 0,
+            "p99_ms": p50}
+
+
+HARNESS_SYNTHETIC = {
+    "mode": "quick",
+    "elapsed_s": 1.0,
+    "environment": dict(SYNTHETIC["environment"]),
+    "overhead": [
+        {"case": "none", "method": "none", "title": "no-op", "per_block_ns": 100.0,
+         "x_baseline": 1.0},
+        {"case": "stopit", "method": "stopit", "title": "stopit",
+         "skipped": "not installed (pip install stopit)"},
+    ],
+    "overshoot": [
+        _harness_row("timeoutcore", "main", **_harness_measured(0.1234)),
+        _harness_row("signal.alarm", "main", **_harness_measured(950.0), note="whole seconds"),
+        _harness_row("signal.alarm", "worker", error="ValueError: main thread only"),
+        _harness_row("func_timeout", "worker", **_harness_measured(1.5, "abandoned")),
+        _harness_row("stopit", "worker", skipped="not installed (pip install stopit)"),
+    ],
+    "throughput": [
+        {"method": "none", "title": "no deadline", "tasks_per_s": 1000.0, "x_no_deadline": 1.0},
+    ],
+}
+
+
+@needs_harness
+def test_bench_full_table_shows_every_kind_of_cell() -> None:
+    table = cli.load_bench_harness().render(HARNESS_SYNTHETIC)
+    assert re.search(r"^\| CPU loop +\| timeoutcore +\| 0\.123 ", table, re.MULTILINE)
+    assert "950 / 950 / 950 (3) [1]" in table and "[1] whole seconds" in table
+    assert "n/a: raises ValueError [2]" in table and "[2] ValueError: main thread only" in table
+    assert "1.50 / 1.50 / 1.50 (3) [3]" in table and "abandoned thread" in table
+    assert "not installed (pip install stopit)" in table
+
+
 def test_bench_full_without_the_harness_says_where_it_is(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
