@@ -55,7 +55,8 @@ _perf = time.perf_counter
 
 @dataclass(frozen=True)
 class Plan:
-    """How many trials a run makes: ``QUICK`` (about 10 s) or ``STANDARD`` (under a minute)."""
+    """How many trials a run makes: ``QUICK`` (``--quick``: its budget is 15 s at most) or
+    ``STANDARD`` (the default: under a minute)."""
 
     name: str
     trials: int  # per overshoot case that stops at the deadline ...
@@ -97,6 +98,8 @@ class Run:
 
 @dataclass(frozen=True)
 class Method:
+    """A way to put a time limit on a block of code, and what the tables say about it."""
+
     key: str
     title: str
     guard: Callable[[float, Work], Run]
@@ -226,7 +229,8 @@ TIMEOUTCORE = Method("timeoutcore", "timeoutcore", _timeoutcore_guard, _timeoutc
 ALARM = Method("signal.alarm", "signal.alarm", _signal_guard(_alarm_arm, _alarm_disarm),
                _signal_blocks(_alarm_arm, _alarm_disarm), main_thread_only=True,
                fires_after=lambda limit: float(math.ceil(limit)),
-               note="signal.alarm takes whole seconds: a 50 ms deadline fires after 1 s")
+               note=f"signal.alarm takes whole seconds: a {LIMIT * 1e3:g} ms deadline fires "
+               f"after {math.ceil(LIMIT)} s")
 SETITIMER = Method("signal.setitimer", "signal.setitimer",
                    _signal_guard(_itimer_arm, _itimer_disarm),
                    _signal_blocks(_itimer_arm, _itimer_disarm), main_thread_only=True)
@@ -246,6 +250,8 @@ METHODS: tuple[Method, ...] = (TIMEOUTCORE, ALARM, SETITIMER, TIMER)
 
 @dataclass(frozen=True)
 class Workload:
+    """Work that ends by itself: ``work(method, seconds)`` makes it for one run."""
+
     key: str
     title: str
     work: Callable[[Method, float], Work]  # (method, seconds) -> the work
@@ -276,8 +282,10 @@ def _trial(m: Method, w: Workload) -> tuple[float, str]:
 
 
 def _trials(m: Method, w: Workload, plan: Plan) -> list[tuple[float, str]]:
+    """``plan.trials`` runs where the first one stopped at the deadline, else (a run that
+    lasts the whole work, or alarm's whole second) ``plan.slow_trials``."""
     first = _trial(m, w)
-    quick = first[1] == "stopped" and m.fires_after(LIMIT) < 0.5
+    quick = first[1] == "stopped" and m.fires_after(LIMIT) == LIMIT
     n = plan.trials if quick else plan.slow_trials
     return [first] + [_trial(m, w) for _ in range(n - 1)]
 
