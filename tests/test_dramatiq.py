@@ -139,7 +139,7 @@ def test_message_option_overrides_the_actors_limit(worker: DramatiqWorker) -> No
 
 def test_soft_limit_warns_on_dramatiqs_logger_and_the_actor_runs_on(
         worker: DramatiqWorker) -> None:
-    message = worker.send("soft", 0.6)
+    message = worker.send("soft", 1.0)  # the warning comes at 0.2 s while it still runs
     assert worker.result(message) == "ran to the end"
     expected = f"[dramatiq.middleware.time_limit.TimeLimit] [WARNING] Soft time limit (200 ms) " \
                f"exceeded for soft[{message.message_id}]"
@@ -218,7 +218,7 @@ def test_abort_before_the_message_runs_fails_it_at_its_start(
     r = redis.Redis.from_url(redis_url)
     busy = f"{worker.namespace}:runs:{uuid.uuid4().hex}"
     queued = f"{worker.namespace}:runs:{uuid.uuid4().hex}"
-    first = worker.send("counted", busy, 0.5)  # holds the one worker thread
+    first = worker.send("counted", busy, 2.0)  # holds the one worker thread meanwhile
     wait_for_job(coordinator, first.message_id)
     second = worker.send("counted", queued, 0)
     assert abort(second.message_id, registry=coordinator) is False

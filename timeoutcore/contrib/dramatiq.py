@@ -238,6 +238,7 @@ class TimeLimit(Middleware):
         except InvalidTimeLimit as exc:
             error = exc  # the message fails with it (never runs unlimited)
         except Exception:  # noqa: BLE001 - an unknown actor: dramatiq reports it itself
+            _pending.job = None
             return
         _pending.job = _Job(self, message.message_id, message.actor_name, hard, soft, error)
 
