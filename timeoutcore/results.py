@@ -29,24 +29,41 @@ _WALL_MINUS_MONOTONIC = time.time() - time.monotonic()
 
 
 class DeadlineResult(BaseModel):
-    """One guarded run: limits, timing, and how it ended."""
+    """One guarded run: limits, timing, and how it ended.
+
+    Built only when asked for: ``scope.result`` after the block exited, or a result log.
+    Immutable; JSON with :meth:`to_json`, back with :meth:`from_json`.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    #: the scope's label, or None
     label: Optional[str]
+    #: ``threading`` name of the thread that ran the block (None once that thread ended)
     thread_name: Optional[str]
+    #: kernel thread id of that thread
     thread_native_id: Optional[int]
+    #: the hard limit in seconds (None: an absolute deadline, or none)
     limit: Optional[float]
+    #: the soft limit in seconds, or None
     soft_limit: Optional[float]
+    #: wall-clock time of the block's entry (UTC)
     started_at: _dt.datetime
+    #: seconds from entry to exit
     elapsed: float
+    #: how it ended: ``completed``, ``soft_exceeded`` (passed its soft limit only),
+    #: ``timed_out``, ``cancelled`` (``cancel()``) or ``error`` (it raised an exception of
+    #: its own)
     status: Status
+    #: seconds between the deadline and the block's exit, if the deadline fired
     overshoot: Optional[float]
     #: seconds the interrupt waited for the thread to leave protected code (None: no fire)
     deferred: Optional[float] = None
     #: "file:line in function" of the protected code that held it, if any
     deferred_where: Optional[str] = None
+    #: for ``error``: the exception's class name
     error_type: Optional[str] = None
+    #: for ``error``: ``str()`` of the exception
     error_message: Optional[str] = None
 
     def to_json(self) -> bytes:
