@@ -209,8 +209,14 @@ def _chart(title: str, rows: list[Row]) -> nodes.Node | None:
     count = len(samples) if samples else len(rows)
     fig, ax = plt.subplots(figsize=(8, 1 + 0.32 * count * (1 if samples else len(keys) / 2)))
     if samples:
-        ax.boxplot([values for _, values in samples], vert=False, whis=(0, 100),
-                   tick_labels=[name for name, _ in samples])
+        data = [values for _, values in samples]
+        # boxplot's keywords for the orientation and the labels changed in matplotlib
+        # 3.9-3.11: the newer one where it exists, and the labels set apart.
+        try:
+            ax.boxplot(data, orientation="horizontal", whis=(0, 100))
+        except TypeError:
+            ax.boxplot(data, vert=False, whis=(0, 100))
+        ax.set_yticks(range(1, len(samples) + 1), [name for name, _ in samples])
         ax.set_xlabel("ms (log scale; whiskers: min and max)")
     else:
         height = 0.8 / len(keys)
