@@ -22,7 +22,9 @@ FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 #             may have no C compiler), say so once and install without it: the package then
 #             runs on the pure-Python engine (timeoutcore/_engine.py picks it by itself);
 #   "1"       no C core at all: a pure-Python wheel, py3-none-any (the one published beside
-#             the Linux wheels, and the build the `fallback` nox session tests);
+#             the Linux wheels, and the build the `fallback` nox session tests). Build it on
+#             a GIL CPython: its requirements are those of the interpreter that builds it
+#             (orjson), and the pure-Python engine does not run on a free-threaded one;
 #   "0"       the C core or a failed build.
 # TIMEOUTCORE_WERROR=1 (CI, nox, cibuildwheel) also makes a failed compile fatal: where we
 # build and test, a broken C core must never turn silently into a pure-Python package.
@@ -45,9 +47,10 @@ class BuildExtOrPurePython(build_ext):
 
     The extension is dropped from the command's list once it failed, so that nothing after
     the build (the in-place copy of an editable install, the outputs the install records)
-    looks for a file that does not exist, and a core an earlier build left in the build
-    folder is removed, so that the wheel cannot ship a core older than its sources. The wheel keeps its platform tag: it was built
-    here, for here; the published pure-Python wheel comes from TIMEOUTCORE_PURE_PYTHON=1.
+    looks for a file that does not exist; a core an earlier build left in the build folder
+    is removed, so that the wheel cannot ship a core older than its sources. The wheel keeps
+    its platform tag: it was built here, for here; the published pure-Python wheel comes
+    from TIMEOUTCORE_PURE_PYTHON=1.
     """
 
     def build_extensions(self) -> None:

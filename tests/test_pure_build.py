@@ -77,7 +77,7 @@ def test_a_core_that_cannot_compile_gives_a_pure_python_install(tmp_path: Path) 
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
                     str(site), str(wheel)], cwd=tmp_path, check=True, timeout=120)
 
-    auto = _run_python("import timeoutcore; print(timeoutcore.ENGINE, timeoutcore.__file__)", site, tmp_path)
+    auto = _run_python("import timeoutcore as t; print(t.ENGINE, t.__file__)", site, tmp_path)
     assert auto.returncode == 0, auto.stderr
     assert auto.stdout.split()[0] == "fallback", auto.stdout
     native = _run_python("import timeoutcore", site, tmp_path, TIMEOUTCORE_ENGINE="native")
