@@ -2,8 +2,11 @@
 
 The commands run as a user runs them: ``sys.executable -m timeoutcore`` in a scratch folder,
 with the repository root on PYTHONPATH (after the folder the tests imported the package from)
-so that an in-place build works as well as an installed package. Bad input must give a non-zero status and a one-line reason on stderr, never a
-traceback.
+so that an in-place build works as well as an installed package. Bad input must give a
+non-zero status and a one-line reason on stderr, never a traceback.
+
+``bench`` is the benchmark in the package (timeoutcore._bench), which must run from an
+installed wheel; ``bench --full`` the harness of a source checkout (benchmarks/harness.py).
 """
 
 from __future__ import annotations
