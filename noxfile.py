@@ -162,17 +162,47 @@ FALLBACK_TESTS = [
 ]
 
 
+#: Run in the ``fallback`` session's venv: passes only where ``timeoutcore`` was imported
+#: from a build without the C core and the default engine choice picked the pure-Python one.
+CHECK_PURE = (
+    "import importlib.util, timeoutcore; "
+    "assert timeoutcore.ENGINE == 'fallback', timeoutcore.ENGINE; "
+    "assert importlib.util.find_spec('timeoutcore._timeoutcore') is None; "
+    "print('timeoutcore', timeoutcore.__version__, 'engine', timeoutcore.ENGINE, "
+    "'from', timeoutcore.__file__)"
+)
+
+
 @nox.session
 def fallback(session: nox.Session) -> None:
-    """The engine tests on the pure-Python engine (TIMEOUTCORE_ENGINE=fallback), on the
-    interpreter nox runs on only (the suite's tests/test_fallback.py runs its workloads on
-    that engine, in subprocesses, on every interpreter of the ``tests`` session)."""
-    _install_project(session, ".[test]")
+    """The pure-Python build: ``TIMEOUTCORE_PURE_PYTHON=1`` makes the ``py3-none-any``
+    wheel (the one published beside the Linux wheels, and what a platform without
+    ``timer_create`` gets); installed without the C core, the default engine choice must pick
+    the pure-Python engine, and the engine tests run on it, on the interpreter nox runs on
+    only (the suite's tests/test_fallback.py runs its workloads on that engine, in
+    subprocesses, on every interpreter of the ``tests`` session, and test_pure_build.py
+    builds with a C core that fails to compile)."""
+    tmp = Path(session.create_tmp())
+    dist = tmp / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    cfg = tmp / "setuptools-build.cfg"  # the build folder out of the tree (_install_project)
+    cfg.write_text(f"[build]\nbuild_base = {tmp / 'build'}\n")
+    session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT),
+                env={"TIMEOUTCORE_PURE_PYTHON": "1", "DIST_EXTRA_CONFIG": str(cfg)})
+    wheels = sorted(dist.glob("timeoutcore-*.whl"))
+    if [w.name.rsplit("-", 3)[1:] for w in wheels] != [["py3", "none", "any.whl"]]:
+        session.error(f"expected one py3-none-any wheel, built {[w.name for w in wheels]}")
+    # A reused venv may hold an earlier (native) install of the same version, which pip
+    # would keep: it goes first.
+    session.run("python", "-m", "pip", "uninstall", "-q", "-y", "timeoutcore")
+    session.install(f"{wheels[0]}[test]")
     env = {"TIMEOUTCORE_ENGINE": "fallback",
            "TIMEOUTCORE_HAMMER_BLOCKS": os.environ.get("TIMEOUTCORE_HAMMER_BLOCKS", "20000")}
-    session.chdir(session.create_tmp())
-    session.run("python", "-I", "-c", CHECK_INSTALLED, env=env)
+    session.chdir(tmp)
+    session.run("python", "-I", "-c", CHECK_PURE, env={"TIMEOUTCORE_ENGINE": "auto"})
     session.chdir(ROOT)
+    # TIMEOUTCORE_ENGINE=fallback as well: tests that expect the native engine on Linux
+    # skip themselves on it (tests/test_scope.py).
     session.run("pytest", *FALLBACK_TESTS, "-q", *session.posargs, env=env)
 
 
