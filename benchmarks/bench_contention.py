@@ -4,7 +4,7 @@ what the fast window (csrc/tc_watchdog.c) costs the pool.
 - ``test_contention_overshoot``: a 50 ms deadline on a CPU loop in a pool worker while 1,
   3 or 7 other threads spin in Python, for timeoutcore, the ``threading.Timer`` +
   ``PyThreadState_SetAsyncExc`` recipe and the installed peers, in one session (the
-  harness's contention cases; ``python -m timeoutcore bench`` shows the same rows).
+  harness's contention cases; ``python -m timeoutcore bench --full`` shows the same rows).
   ``extra_info``: p50/p90/p99/max ms, and the core's counters for timeoutcore.
 - ``test_contention_floor``: the physical limit of the case above -- for random instants,
   how long until a pool thread spinning next to 1, 3 or 7 others runs bytecode again (with a

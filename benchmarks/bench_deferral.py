@@ -3,7 +3,7 @@
 - ``test_deferral_overshoot``: how late a 50 ms deadline stops a pool worker whose loop logs
   on every turn through a real ``StreamHandler`` (most of its time inside ``logging``,
   protected code) or does queue traffic with a partner thread, side by side with the plain
-  CPU loop, in one run (the harness's ``cpu`` section; ``python -m timeoutcore bench``
+  CPU loop, in one run (the harness's ``cpu`` section; ``python -m timeoutcore bench --full``
   shows the same rows). ``extra_info``: p50/p90/p99 ms, and ``vs_plain_p50_ms``, the
   difference from the plain loop's p50 measured in the same session.
 - ``test_frame_check_cost``: the price of the check the delivery hook makes at every line

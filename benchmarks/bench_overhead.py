@@ -1,6 +1,6 @@
 """What does a block that does NOT time out cost?
 
-The measured code is ``benchmarks/harness.py`` (what ``python -m timeoutcore bench`` runs):
+The measured code is ``benchmarks/harness.py`` (what ``python -m timeoutcore bench --full`` runs):
 each case's ``empty_blocks(n)`` runs ``n`` blocks with an empty body under a limit that never
 fires. All cases run in one session so their ratios mean something; ``per_op_ns`` in
 ``extra_info`` is the median round divided by the blocks per round (loop overhead included,

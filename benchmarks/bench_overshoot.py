@@ -1,6 +1,6 @@
 """How late does a 50 ms deadline stop the block, by method, thread and workload?
 
-The measured code is ``benchmarks/harness.py`` (what ``python -m timeoutcore bench`` runs; its
+The measured code is ``benchmarks/harness.py`` (what ``python -m timeoutcore bench --full`` runs; its
 docstring defines the methods, workloads and the yardstick). Overshoot = the moment the caller
 gets control back (the timeout exception caught) minus (the moment of arming + 50 ms), the
 same yardstick for every method. Every workload ends by itself 0.25 s after the method should

@@ -1,6 +1,6 @@
 """Side by side, in one run: timeoutcore and the ways Python code is time-limited today.
 
-``python -m timeoutcore bench`` prints what this module measures (it loads this file from the
+``python -m timeoutcore bench --full`` prints what this module measures (it loads this file from the
 source checkout); the ``bench_*.py`` files beside it (pytest-benchmark) run the same code.
 Nothing here needs pytest. Not part of the installed package.
 
@@ -55,11 +55,16 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, Callable, ContextManager, Iterator, Optional, Sequence
 
 from timeoutcore import ENGINE, DeadlineExceeded, __version__, thread_deadline
 from timeoutcore import sleep as tc_sleep
+# The recipes' exception, their SIGALRM handler and the SetAsyncExc prototype are the
+# packaged bench's (python -m timeoutcore bench): one definition for both.
+from timeoutcore._bench import RecipeTimeout, _raise_recipe_timeout
+from timeoutcore._bench import cpu_model as _cpu_model
+from timeoutcore._bench import set_async_exc as _set_async_exc
 
 Work = Callable[[], object]
 Progress = Callable[[str], None]
@@ -82,21 +87,6 @@ def _forever() -> Iterator[int]:
     busy threads and the guarded loop of the contention case all took turns at one lock --
     not the independent busy threads the case stands for."""
     return itertools.count()
-
-
-class RecipeTimeout(Exception):
-    """What the classic recipes raise when their deadline fires."""
-
-
-def _raise_recipe_timeout(signum: int, frame: Optional[FrameType]) -> None:
-    raise RecipeTimeout
-
-
-# Our own prototype of the C function: setting argtypes on ``ctypes.pythonapi``'s shared
-# function object would change it for every other user in the process (stopit passes c_long).
-_set_async_exc = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)(
-    ("PyThreadState_SetAsyncExc", ctypes.pythonapi)
-)
 
 
 def _inject(ident: int) -> None:
@@ -1125,17 +1115,6 @@ def run_throughput(plan: Plan, progress: Optional[Progress] = None) -> list[dict
             base = row["tasks_per_s"]
         row["x_no_deadline"] = round(row["tasks_per_s"] / base, 3)
     return list(rows.values())
-
-
-def _cpu_model() -> Optional[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def _version_of(dist: str) -> Optional[str]:
