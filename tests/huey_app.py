@@ -119,6 +119,12 @@ def make_huey(url: str, name: str, *, install: bool = False, patch: bool = False
         return "done"
 
     @huey.task()
+    def crunch(n: int) -> None:
+        """A fixed amount of CPU work, whatever the load of the machine (the benchmark's
+        task: a spin that watches the clock does less work when the machine is busy)."""
+        sum(range(n))
+
+    @huey.task()
     def whoami() -> list[Any]:
         """The worker thread that runs it, and how many threads the consumer has."""
         return [threading.get_ident(), threading.current_thread().name,
@@ -137,7 +143,7 @@ def make_huey(url: str, name: str, *, install: bool = False, patch: bool = False
         CPU seconds."""
         return [time.monotonic(), time.process_time()]
 
-    tasks = [sleeper, fetch, spin, child, retried, blocker, work, whoami, gate, clock]
+    tasks = [sleeper, fetch, spin, child, retried, blocker, work, crunch, whoami, gate, clock]
     return App(huey, {t.func.__name__: t for t in tasks})
 
 

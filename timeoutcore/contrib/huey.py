@@ -70,8 +70,8 @@ Rejected:
 
 Bad limits: a ``timeout`` that is not a number of seconds (negative, NaN, infinite, a
 string, a bool) is refused with ``ValueError``/``TypeError`` when the task is enqueued
-from a process where :func:`install` ran, and otherwise fails the task in the worker
-with the same error. ``timeout=None`` or ``0`` is no limit, as in huey.
+from a process where :func:`install` ran (not a consumer), and otherwise fails the task in
+a thread worker with the same error. ``timeout=None`` or ``0`` is no limit, as in huey.
 """
 
 from __future__ import annotations
@@ -257,7 +257,12 @@ class _Guard:
     # -- the consumer's side -----------------------------------------------------------
 
     def consumer(self, **options: Any) -> Any:
-        """huey's ``create_consumer``; for thread workers, every task then runs guarded."""
+        """huey's ``create_consumer``; for thread workers, every task then runs guarded.
+
+        In the consumer's process ``enqueue`` is huey's own again: the consumer re-enqueues
+        retries and scheduled tasks itself, and a refusal there would drop the task (the
+        scheduler logs the error and goes on) where the worker's check fails it visibly."""
+        self.huey.__dict__.pop("enqueue", None)
         consumer = self.create_consumer(**options)
         environment = getattr(consumer, "environment", None)
         if not isinstance(environment, ThreadEnvironment):
@@ -301,7 +306,7 @@ def _guarded(guard: _Guard, task: Any, execute: Callable[[], Any],
             if exc.scope is not scope:
                 raise
             log.warning("Task %s was revoked while running, stopped after %.3fs.",
-                             task.id, exc.elapsed)
+                        task.id, exc.elapsed)
             guard.huey._emit(SIGNAL_REVOKED, task)
             raise TaskRevoked(f"revoked while running (after {exc.elapsed:.3f}s)") from None
         except DeadlineExceeded as exc:
@@ -310,6 +315,9 @@ def _guarded(guard: _Guard, task: Any, execute: Callable[[], Any],
             raise TaskTimeout(f"timeout ({task.timeout}s)") from None
         finally:
             running.remove(scope)
+            # the task holds this function, which holds the task: break the cycle, or
+            # every task would wait for the cyclic garbage collector to be freed
+            task.__dict__.pop("execute", None)
 
     return execute_guarded
 
