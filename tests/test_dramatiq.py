@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,7 +29,7 @@ import redis  # noqa: E402
 from dramatiq.brokers.stub import StubBroker  # noqa: E402
 from dramatiq.middleware import TimeLimitExceeded as StockTimeLimitExceeded  # noqa: E402
 from dramatiq_app import LIMIT_MS  # noqa: E402
-from dramatiq_harness import DramatiqWorker, alive  # noqa: E402
+from dramatiq_harness import DramatiqWorker, WorkerProcess, alive  # noqa: E402
 from redis_server import wait_for_job  # noqa: E402
 
 import timeoutcore  # noqa: E402
@@ -330,3 +333,43 @@ def test_install_replaces_the_stock_middleware_in_place() -> None:
     assert [type(m).__name__ for m in broker.middleware] == names
     assert broker.middleware[names.index("TimeLimit")] is ours and ours.time_limit == 1234
     broker.close()
+
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "dramatiq.md"
+
+
+def _doc_blocks() -> list[tuple[str, str]]:
+    """(kind, code) of the page's code blocks: ``python`` (a file, named on its first
+    line) or ``py`` (a fragment)."""
+    if not DOCS.exists():
+        pytest.skip("docs/ is not beside tests/ (not a source checkout)")
+    fence = re.compile(r"^```(python|py)\n(.*?)^```", re.M | re.S)
+    return [(m[1], m[2]) for m in fence.finditer(DOCS.read_text(encoding="utf-8"))]
+
+
+@pytest.mark.once  # the documentation's example (tests/test_readme.py: OWN_TESTS)
+def test_docs_example_limits_and_aborts(redis_url: str, silent_peer: Any,
+                                        tmp_path: Path) -> None:
+    """docs/dramatiq.md: app.py run by a real worker, client.py prints what it says."""
+    files = {}
+    for kind, code in _doc_blocks():
+        if kind == "py":
+            compile(code, str(DOCS), "exec")
+            continue
+        name = code.splitlines()[0].split()[1]
+        files[name] = code
+    assert set(files) == {"app.py", "client.py"}, set(files)
+    for name, code in files.items():
+        (tmp_path / name).write_text(code, encoding="utf-8")
+    env = {"REDIS_URL": redis_url, "HUNG_URL": silent_peer.url}
+    worker = WorkerProcess("app", tmp_path, env)
+    try:
+        client = subprocess.run([sys.executable, "client.py"], cwd=tmp_path, text=True,
+                                capture_output=True, timeout=60,
+                                env=dict(os.environ, **env, PYTHONPATH=str(tmp_path)))
+    finally:
+        code = worker.stop()
+    assert client.returncode == 0, client.stderr
+    assert client.stdout.splitlines() == ["at the limit: TimeLimitExceeded",
+                                          "was running: True", "aborted: Aborted"]
+    assert code == 0, worker.log()[-3000:]

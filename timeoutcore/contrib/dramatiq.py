@@ -44,9 +44,11 @@ then logs it at INFO as an expected exception and ``Retries`` fails the message:
 queue, ``Results`` stores ``Aborted``). An abort of a message that is not running yet is kept
 in Redis for ``abort_ttl`` ms: if the message starts within that time it fails with
 ``Aborted`` at once, its body never run (dramatiq-abort's choice too; the alternative, a
-no-op, would let a queued message run after its caller gave up). Messages without a time
-limit are not published (the limit bounds the life of their key in Redis): they cannot be
-aborted while running.
+no-op, would let a queued message run after its caller gave up). dramatiq-abort's aborts
+land only when a blocking call returns, and its aborted messages are retried
+(Flared/dramatiq-abort#29, #30): both are what this module does differently. Messages
+without a time limit are not published (the limit bounds the life of their key in Redis):
+they cannot be aborted while running.
 
 Not covered: async actors (the ``AsyncIO`` middleware) run their coroutine on the event loop
 thread, which no worker-thread deadline stops: their limits are not enforced here (a
