@@ -63,7 +63,7 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 from dramatiq.middleware import Middleware, MiddlewareError
 from dramatiq.middleware import TimeLimit as StockTimeLimit
@@ -125,20 +125,15 @@ def _ms(value: Any, name: str, where: str) -> Optional[float]:
     return seconds
 
 
-class _Job:
+class _Job(NamedTuple):
     """One message about to run in this worker thread: what the actor's guard needs."""
 
-    __slots__ = ("middleware", "message_id", "actor_name", "hard", "soft", "error")
-
-    def __init__(self, middleware: TimeLimit, message_id: str, actor_name: str,
-                 hard: Optional[float], soft: Optional[float],
-                 error: Optional[BaseException]) -> None:
-        self.middleware = middleware
-        self.message_id = message_id
-        self.actor_name = actor_name
-        self.hard = hard
-        self.soft = soft
-        self.error = error
+    middleware: TimeLimit
+    message_id: str
+    actor_name: str
+    hard: Optional[float]
+    soft: Optional[float]
+    error: Optional[BaseException]
 
 
 # The job handed from before_process_message to the actor's guard, in the worker thread.
@@ -176,12 +171,7 @@ class TimeLimit(Middleware):
             raise RuntimeError("timeoutcore's TimeLimit limits worker threads; under gevent "
                                "(dramatiq-gevent) keep dramatiq.middleware.TimeLimit")
         if registry is not None:
-            from .redis import DeadlineRegistry
-
-            if not isinstance(registry, DeadlineRegistry):
-                raise TypeError("TimeLimit(): registry must be a "
-                                "timeoutcore.contrib.redis.DeadlineRegistry, not "
-                                f"{type(registry).__name__}")
+            _check_registry(registry, "TimeLimit()")
         self.logger = logger
         self.time_limit = time_limit
         self.interval = interval
@@ -363,6 +353,14 @@ def _take_early_abort(registry: Any, message_id: str) -> bool:
         return False
 
 
+def _check_registry(registry: Any, where: str) -> None:
+    from .redis import DeadlineRegistry  # redis-py: only where a registry is used
+
+    if not isinstance(registry, DeadlineRegistry):
+        raise TypeError(f"{where}: registry must be a timeoutcore.contrib.redis."
+                        f"DeadlineRegistry, not {type(registry).__name__}")
+
+
 def abort(message: Union[str, Any], *, registry: Any,
           abort_ttl: Optional[int] = DEFAULT_ABORT_TTL) -> bool:
     """Abort a message (its id, or the ``Message`` that ``send()`` returned) wherever it
@@ -379,11 +377,7 @@ def abort(message: Union[str, Any], *, registry: Any,
     message_id = getattr(message, "message_id", message)
     if not isinstance(message_id, str) or not message_id:
         raise TypeError(f"abort(): a message id (str) or a dramatiq Message, not {message!r}")
-    from .redis import DeadlineRegistry
-
-    if not isinstance(registry, DeadlineRegistry):
-        raise TypeError("abort(): registry must be a timeoutcore.contrib.redis."
-                        f"DeadlineRegistry, not {type(registry).__name__}")
+    _check_registry(registry, "abort()")
     if abort_ttl is not None and (isinstance(abort_ttl, bool)
                                   or not isinstance(abort_ttl, int) or abort_ttl < 0):
         raise ValueError(f"abort(): abort_ttl must be a whole number of milliseconds >= 0 "
