@@ -87,8 +87,14 @@ from typing import Any, Callable, Optional
 
 from huey.api import Huey, Task
 from huey.consumer import ThreadEnvironment
-from huey.exceptions import CancelExecution, TaskTimeout
+from huey.exceptions import CancelExecution
 from huey.signals import SIGNAL_REVOKED
+
+try:
+    from huey.exceptions import TaskTimeout
+except ImportError:  # huey 2.x has no task timeouts
+    raise ImportError("timeoutcore.contrib.huey needs huey 3.0 or later (task timeouts came "
+                      "with it)") from None
 
 from .. import _validate
 from ..errors import DeadlineCancelled, DeadlineExceeded
