@@ -197,11 +197,14 @@ def test_jobs_ending_at_their_limit_succeed_or_fail_with_it_nothing_else(
         assert text not in simple.log()
 
 
+@pytest.mark.parametrize("blocked_in", ["sleep", "requests"])
 def test_stop_job_stops_a_blocked_job_in_its_thread_and_it_is_not_retried(
-    queue: Queue,
+    queue: Queue, silent_peer: Any, blocked_in: str,
 ) -> None:
     before = _run(queue, rq_jobs.where).return_value()
-    job = queue.enqueue(rq_jobs.sleep, 60, job_timeout=-1, retry=Retry(max=2),
+    fn, arg = (rq_jobs.sleep, 60) if blocked_in == "sleep" else (rq_jobs.http_get,
+                                                                 silent_peer.url)
+    job = queue.enqueue(fn, arg, job_timeout=-1, retry=Retry(max=2),
                         on_stopped=Callback(rq_jobs.note_stopped),
                         on_failure=Callback(rq_jobs.note_failed))
     wait_status(job, "started")
