@@ -266,6 +266,39 @@ def test_the_forking_workers_horse_gets_sub_second_limits(
 # --- in process -----------------------------------------------------------------------------
 
 
+def test_a_stop_before_the_job_starts_keeps_it_from_starting(redis_url: str) -> None:
+    """The stop-job command reaches the worker between the dequeue and the job's start (RQ's
+    own handler, called from the worker's preparation here): the job never runs."""
+    from rq.command import handle_stop_job_command
+
+    from timeoutcore.contrib.rq import SimpleWorker
+
+    class StoppedWhilePreparing(SimpleWorker):
+        patch_blocking = False  # this process is pytest's: leave the stdlib alone
+
+        def prepare_job_execution(self, job: Any, *args: Any, **kwargs: Any) -> None:
+            super().prepare_job_execution(job, *args, **kwargs)
+            handle_stop_job_command(self, {"command": "stop-job", "job_id": job.id})
+
+    connection = redis.Redis.from_url(redis_url)
+    queue = Queue(f"timeoutcore-rq-early-{os.getpid()}", connection=connection)
+    try:
+        job = queue.enqueue(rq_jobs.sleep, 30, job_timeout=-1)
+        worker = StoppedWhilePreparing([queue], connection=connection)
+        host = threading.Thread(target=worker.work, kwargs={"burst": True})
+        start = time.monotonic()
+        host.start()
+        host.join(30)
+        assert not host.is_alive()
+        assert time.monotonic() - start < SLACK
+        assert wait_ended(job) == "stopped"
+        assert "stopped before it started" in _failure(job)
+        assert timeoutcore.current_scope() is None
+    finally:
+        queue.delete(delete_jobs=True)
+        connection.close()
+
+
 def test_death_penalty_on_its_own_in_a_thread(patched_for_test: None) -> None:
     class Custom(Exception):
         pass

@@ -21,8 +21,9 @@ One option on the command line::
   float, sub-second included (see "Sub-second limits").
 
 Why not RQ's own: ``UnixSignalDeathPenalty`` (the default) arms ``SIGALRM`` with whole
-seconds and works in the main thread only -- a ``SimpleWorker`` in another thread fails
-every job with "signal only works in main thread" (rq#734, rq#1804, rq#2135).
+seconds and works in the main thread only -- a ``SimpleWorker`` started in another thread
+stops at once with "signal only works in main thread" (its own signal handlers), and with
+those taken out fails every job with it (rq#734, rq#1804, rq#2135).
 ``TimerDeathPenalty`` starts a ``threading.Timer`` per job and raises the exception with
 ``PyThreadState_SetAsyncExc``, which lands only when the thread next runs bytecode: a job
 blocked in ``time.sleep``, a socket read or ``subprocess.run`` runs on to its end; and an
