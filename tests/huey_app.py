@@ -131,17 +131,17 @@ def make_huey(url: str, name: str, *, install: bool = False, patch: bool = False
                 threading.active_count()]
 
     @huey.task()
-    def gate(key: str) -> float:
-        """Hold the worker until ``key`` (a Redis list) gets an item (or 60 s pass); the
-        consumer's CPU seconds then."""
+    def gate(key: str) -> list[float]:
+        """Hold the worker until ``key`` (a Redis list) gets an item (or 60 s pass); then
+        the CPU seconds of the consumer and of this worker thread."""
         huey.storage.conn.blpop([key], timeout=60)
-        return time.process_time()
+        return [time.process_time(), time.thread_time()]
 
     @huey.task()
     def clock() -> list[float]:
-        """``time.monotonic()`` (one clock for the machine's processes) and the consumer's
-        CPU seconds."""
-        return [time.monotonic(), time.process_time()]
+        """``time.monotonic()`` (one clock for the machine's processes), the CPU seconds of
+        the consumer and of this worker thread."""
+        return [time.monotonic(), time.process_time(), time.thread_time()]
 
     tasks = [sleeper, fetch, spin, child, retried, blocker, work, crunch, whoami, gate, clock]
     return App(huey, {t.func.__name__: t for t in tasks})
