@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from huey_app import App, make_huey, stamps_key
+from wsgi_servers import settles
 
 TESTS = Path(__file__).resolve().parent
 
@@ -95,12 +96,7 @@ class Consumer:
 
     def wait_for_log(self, text: str, timeout: float = 10.0) -> bool:
         """Whether ``text`` shows up in the consumer's log within ``timeout`` seconds."""
-        end = time.monotonic() + timeout
-        while text not in self.log():
-            if time.monotonic() > end:
-                return False
-            time.sleep(0.02)
-        return True
+        return bool(settles(lambda: text in self.log(), True, within=timeout))
 
     def stop(self) -> int:
         return stop(self.proc)
