@@ -71,7 +71,8 @@ def _pct(values: list[float], q: float) -> float:
 
 def _summary(late_s: list[float], outcomes: list[str]) -> dict[str, Any]:
     kinds = sorted(set(outcomes))
-    return {"p50_ms": round(_pct(late_s, 0.5) * 1e3, 2), "p99_ms": round(_pct(late_s, 0.99) * 1e3, 2),
+    return {"p50_ms": round(_pct(late_s, 0.5) * 1e3, 2),
+            "p99_ms": round(_pct(late_s, 0.99) * 1e3, 2),
             "max_ms": round(max(late_s) * 1e3, 2), "trials": len(late_s),
             "outcome": {k: outcomes.count(k) for k in kinds}}
 

@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 import threading
+import traceback
 from types import TracebackType
 from typing import Any, Optional
 
@@ -73,7 +74,6 @@ from rq import Queue as _RQQueue
 from rq import SimpleWorker as _RQSimpleWorker
 from rq import Worker as _RQWorker
 from rq.callbacks import execute_stopped_callback
-from rq.job_lifecycle import format_exc_info
 from rq.timeouts import (
     BaseDeathPenalty,
     HorseMonitorTimeoutException,
@@ -186,7 +186,8 @@ class DeathPenalty(BaseDeathPenalty):
         self._scope: Any = None
         self._record: Optional[_Performing] = None
         if issubclass(exception, HorseMonitorTimeoutException):
-            self._delegate = UnixSignalDeathPenalty(timeout, exception, **kwargs)  # type: ignore[no-untyped-call]
+            stock: Any = UnixSignalDeathPenalty  # RQ's classes are not annotated
+            self._delegate = stock(timeout, exception, **kwargs)
             return
         job_id = kwargs.get("job_id")
         record: Optional[_Performing] = getattr(_performing, "record", None)
@@ -289,12 +290,12 @@ class _Enforcing:
                 pass
         super().unsubscribe()  # type: ignore[misc]
 
-    def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
+    def perform_job(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> bool:
         record = _Performing(job)
         self._timeoutcore_performing = record
         _performing.record = record
         try:
-            return bool(super().perform_job(job, queue, execution))  # type: ignore[misc]
+            return bool(super().perform_job(job, queue, *args, **kwargs))  # type: ignore[misc]
         finally:
             _performing.record = None
             self._timeoutcore_performing = None
@@ -336,7 +337,8 @@ class SimpleWorker(_Enforcing, _RQSimpleWorker):
         except Exception:  # noqa: BLE001 - as RQ: a raising callback does not un-stop the job
             self.log.exception("Worker %s: stopped callback for job %s raised", self.name,
                                job.id)
-        self.handle_job_failure(job, queue=queue, exc_string=format_exc_info(exc_info),
+        self.handle_job_failure(job, queue=queue,
+                                exc_string="".join(traceback.format_exception(*exc_info)),
                                 started_job_registry=queue.started_job_registry,
                                 execution=execution)
 
