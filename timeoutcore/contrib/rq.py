@@ -58,8 +58,9 @@ long regex, a big ``numpy`` op) is stopped when it returns.
 
 The forking worker's own monitor (``HorseMonitorTimeoutException`` around ``os.wait4`` in
 the worker's main thread, every ``job_monitoring_interval`` seconds) stays with RQ's
-``SIGALRM`` penalty: before Python 3.15 a non-main-thread interrupt cannot end that wait
-(PEP 475 retries it), and ``SIGALRM`` can.
+``SIGALRM`` penalty: before Python 3.15 timeoutcore's interrupt cannot end that wait
+(CPython retries it after the signal, PEP 475, and ``patch()`` does not cover it), while a
+``SIGALRM`` handler can.
 """
 
 from __future__ import annotations
