@@ -13,6 +13,11 @@ actors of tests/dramatiq_app.py) in the same run.
   stock middleware polls every ``interval`` (1,000 ms by default) and cannot stop a blocking
   call: its sleep trials use ``time.sleep(2)`` (it fails when the sleep returns), and the
   silent peer is left out for it (it would wait for requests' own 60 s timeout).
+* **Abort -> message done**: a message running under a 30 s limit (``time.sleep(60)``, a CPU
+  loop) on a worker with a registry: ms from the call to
+  :func:`~timeoutcore.contrib.dramatiq.abort` to the worker's end of the message (the
+  ``Stopwatch``'s end; ``perf_counter`` is the same clock in both processes on Linux),
+  p50/p99. The stock middleware has no abort.
 * **Per-message cost on 1 ms messages**: three workers -- no time limit, the stock
   middleware, timeoutcore's (``patch=True``) -- each sent ``--messages`` 1 ms CPU messages
   per round, rounds alternated; the median over rounds of the in-worker time per message
@@ -105,6 +110,32 @@ def _late_ms(worker: Any, actor: str, arg: Any, trials: int,
     return late
 
 
+def _abort_ms(worker: Any, registry: Any, actor: str, arg: Any, trials: int) -> list[float]:
+    """Each message runs (30 s limit) until abort(); ms from the call to abort() to the
+    worker's end of the message (the Stopwatch's end: perf_counter is the system-wide
+    monotonic clock, the same in both processes on Linux)."""
+    from redis_server import wait_for_job
+
+    from timeoutcore.contrib.dramatiq import abort
+
+    out = []
+    for _ in range(trials):
+        message = worker.send(actor, arg, time_limit=30_000)
+        wait_for_job(registry, message.message_id)
+        t0 = time.perf_counter()
+        if not abort(message, registry=registry):
+            raise RuntimeError(f"{message.message_id} was not running")
+        for _ in range(1000):
+            done = _stopwatch(worker).get(message.message_id)
+            if done is not None:
+                break
+            time.sleep(0.005)
+        else:
+            raise RuntimeError(f"no stopwatch entry for {message.message_id}")
+        out.append((done[1] - t0) * 1000)
+    return out
+
+
 def _round(worker: Any, messages: int) -> tuple[float, float]:
     """Send ``messages`` 1 ms messages; (median ms per message in the worker, messages/s)."""
     key = f"{worker.namespace}:stopwatch"
@@ -186,6 +217,13 @@ def main() -> None:
         workers = {name: stack.enter_context(DramatiqWorker(url, folder, limits=name,
                                                             stopwatch=True))
                    for name in ("none", "stock", "timeoutcore")}
+        prefix = f"bench-dramatiq-{os.getpid()}"
+        aborting = stack.enter_context(DramatiqWorker(url, folder, registry_prefix=prefix,
+                                                      stopwatch=True))
+        from timeoutcore.contrib.redis import DeadlineRegistry
+
+        registry = DeadlineRegistry.from_url(url, prefix=prefix)
+        stack.callback(registry.close)
         ours, stock = workers["timeoutcore"], workers["stock"]
         late = {
             "cpu_loop_timeoutcore": _pcts(_late_ms(ours, "spin", 60, args.trials)),
@@ -196,6 +234,10 @@ def main() -> None:
             "time_sleep_2s_stock": _pcts(_late_ms(stock, "sleep", 2, 5)),
             "requests_silent_peer_timeoutcore": _pcts(_late_ms(ours, "http", peer.url,
                                                                args.trials)),
+        }
+        aborts = {
+            "time_sleep": _pcts(_abort_ms(aborting, registry, "sleep", 60, args.trials)),
+            "cpu_loop": _pcts(_abort_ms(aborting, registry, "spin", 60, args.trials)),
         }
         for worker in workers.values():
             _round(worker, 50)  # warm-up
@@ -216,7 +258,10 @@ def main() -> None:
         "limit_ms": LIMIT_MS,
         "stock_interval_ms": 1000,
         "stock_requests_silent_peer": "not measured: stopped only by requests' own timeout",
+        "abort_requests_silent_peer": "not measured: a remote cancel does not wake a patched "
+                                      "socket wait yet; the message stops at its limit",
         **{f"late_{name}": row for name, row in late.items()},
+        **{f"abort_to_done_{name}": row for name, row in aborts.items()},
         "one_ms_messages_per_round": args.messages,
         "one_ms_rounds": args.rounds,
         **{f"one_ms_{name}": {

@@ -36,19 +36,20 @@ Abort (the Redis deadline registry, :mod:`timeoutcore.contrib.redis`)::
     install(broker, patch=True, registry=registry)          # worker side
     abort(message.message_id, registry=registry)            # any process: True if it ran
 
-publishes each running message under its message id; :func:`abort` cancels it through
-Redis: it stops within milliseconds, blocking call or not, and fails with
-:class:`Aborted`. It is not retried: ``Aborted`` is added to every actor's ``throws``
-option, the switch the ``Retries`` middleware documents for "never retried" (the worker
-then logs it at INFO as an expected exception and ``Retries`` fails the message: dead-letter
-queue, ``Results`` stores ``Aborted``). An abort of a message that is not running yet is kept
-in Redis for ``abort_ttl`` ms: if the message starts within that time it fails with
-``Aborted`` at once, its body never run (dramatiq-abort's choice too; the alternative, a
-no-op, would let a queued message run after its caller gave up). dramatiq-abort's aborts
-land only when a blocking call returns, and its aborted messages are retried
-(Flared/dramatiq-abort#29, #30): both are what this module does differently. Messages
-without a time limit are not published (the limit bounds the life of their key in Redis):
-they cannot be aborted while running.
+publishes each running message under its message id; :func:`abort` cancels it through Redis:
+it stops within milliseconds (Python code, ``time.sleep``, lock/queue/event waits; a socket
+read or a subprocess wait only at its time limit for now: the registry's cancel does not
+wake them), and fails with :class:`Aborted`. It is not retried: ``Aborted`` is added to
+every actor's ``throws`` option, the switch the ``Retries`` middleware documents for "never
+retried" (the worker then logs it at INFO as an expected exception and ``Retries`` fails the
+message: dead-letter queue, ``Results`` stores ``Aborted``). An abort of a message that is
+not running yet is kept in Redis for ``abort_ttl`` ms: if the message starts within that
+time it fails with ``Aborted`` at once, its body never run (dramatiq-abort's choice too; the
+alternative, a no-op, would let a queued message run after its caller gave up).
+dramatiq-abort's aborts land only when a blocking call returns, and its aborted messages are
+retried (Flared/dramatiq-abort#29, #30): both are what this module does differently.
+Messages without a time limit are not published (the limit bounds the life of their key in
+Redis): they cannot be aborted while running.
 
 Not covered: async actors (the ``AsyncIO`` middleware) run their coroutine on the event loop
 thread, which no worker-thread deadline stops: their limits are not enforced here (a
