@@ -26,6 +26,7 @@ from huey.exceptions import TaskException
 import huey_harness
 from huey_harness import Consumer
 from test_readme import FENCE, FILE_NAME
+from wsgi_servers import settles
 
 LIMIT = 0.5  # the timeout of the limited tasks of huey_app
 LATE = 3.0  # generous: the result is read by polling, on a loaded machine
@@ -138,9 +139,17 @@ def test_a_timeout_given_at_call_time(consumer: Consumer, same_thread: None) -> 
 def test_a_timed_out_task_is_retried_as_huey_does(consumer: Consumer, same_thread: None,
                                                   tmp_path: Path) -> None:
     marker = tmp_path / "runs"
-    result = consumer["retried"](str(marker))
+    result = consumer["retried"](str(marker))  # timeout=0.3, retries=1
+
+    def stored() -> dict[str, Any]:
+        """The error huey stored (its intermediate one first: store_intermediate_errors)."""
+        return dict(getattr(consumer.huey.get(result.id, peek=True), "metadata", None) or {})
+
+    final = settles(lambda: stored().get("retries"), 0, within=20)
+    assert final == 0, stored()
+    assert stored()["error"] == "TaskTimeout('timeout (0.3s)')"
     assert consumer.wait_for_log(f"SIGNAL retrying {result.id}")
-    assert outcome(result) == "TaskTimeout('timeout (0.3s)')"  # after the last try
+    assert consumer.log().count(f"Task {result.id} timed out after 0.3s.") == 2
     assert marker.read_text().split() == ["run", "run"]  # retries=1: two runs
 
 
