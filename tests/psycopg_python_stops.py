@@ -10,7 +10,10 @@ pure-Python psycopg cannot load the system's libpq.
 
 A stop is one of ``run_under_trigger``'s triggers ("hard", "soft", "cancel") ending a
 guarded ``SELECT pg_sleep(10)``, or "notifies": a hard deadline ending a guarded
-``conn.notifies()`` wait, where no command is in progress for the cancel to end.
+``conn.notifies()`` wait, where no command is in progress for the cancel to end, or
+"inside": a hard deadline ending a guarded query on a connection opened inside the scope
+with ``with psycopg.connect(...)``, whose exit (a rollback, then the close) runs in the
+stopped scope; its status is then CLOSED if that exit closed it.
 
 Usage: ``python psycopg_python_stops.py DSN STOP...`` (from the tests folder).
 """
@@ -22,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-STOPS = ("hard", "soft", "cancel", "notifies")
+STOPS = ("hard", "soft", "cancel", "notifies", "inside")
 
 
 def main(dsn: str, stops: list[str]) -> dict[str, Any]:
@@ -43,7 +46,15 @@ def main(dsn: str, stops: list[str]) -> dict[str, Any]:
     conn = psycopg.connect(dsn)
     try:
         for stop in stops:
+            opened: list[Any] = []
+
             def body(stop: str = stop) -> None:
+                if stop == "inside":
+                    with psycopg.connect(dsn) as inner:
+                        opened.append(inner)
+                        with guard(inner):
+                            inner.execute("SELECT pg_sleep(10)")
+                    return
                 with guard(conn):
                     if stop == "notifies":
                         for _ in conn.notifies(timeout=10):
@@ -51,12 +62,17 @@ def main(dsn: str, stops: list[str]) -> dict[str, Any]:
                     else:
                         conn.execute("SELECT pg_sleep(10)")
 
-            trigger = "hard" if stop == "notifies" else stop
+            trigger = "hard" if stop in ("notifies", "inside") else stop
             try:
                 outcome, elapsed, due = run_under_trigger(trigger, body, 0.2)
             except psycopg.Error as e:  # the connection was left unusable by a stop before
                 outcome, elapsed, due = f"{type(e).__name__}: {e}", 0.0, 0.0
-            status = psycopg.pq.TransactionStatus(conn.pgconn.transaction_status).name
+            if opened:
+                status = "CLOSED" if opened[0].closed else psycopg.pq.TransactionStatus(
+                    opened[0].pgconn.transaction_status).name
+                opened[0].close()
+            else:
+                status = psycopg.pq.TransactionStatus(conn.pgconn.transaction_status).name
             try:
                 conn.rollback()
                 after: Any = conn.execute("SELECT 1").fetchone()[0]  # type: ignore[index]

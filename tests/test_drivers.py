@@ -137,9 +137,11 @@ def test_pure_python_psycopg_stops_leave_the_connection_usable(wait: str,
     connection, then a stop of a notifies() wait (no command in progress: the patched wait
     itself must end at the deadline; not with wait_epoll, whose epoll object is not
     patched), in a child process: psycopg picks its implementation and wait function when
-    imported."""
+    imported. Last, a stop of a query on a connection opened inside the scope: its `with`
+    exit (rollback, close) runs in the stopped scope and must still close it."""
     pytest.importorskip("psycopg")
     stops = ["hard", "soft", "cancel", "hard"] + (["notifies"] if wait != "wait_epoll" else [])
+    stops.append("inside")
     proc = subprocess.run(
         [sys.executable, "psycopg_python_stops.py", postgres_dsn, *stops],
         cwd=Path(__file__).parent, capture_output=True, text=True, timeout=120,
@@ -153,7 +155,8 @@ def test_pure_python_psycopg_stops_leave_the_connection_usable(wait: str,
     for stop in got["stops"]:
         assert stop["outcome"] == WANT.get(stop["stop"], "hard"), stop
         # a stopped query: failed, or done; a stopped notifies(): as it was. Broken: ACTIVE
-        ok = ("IDLE", "INTRANS") if stop["stop"] == "notifies" else ("IDLE", "INERROR")
+        ok = {"notifies": ("IDLE", "INTRANS"), "inside": ("CLOSED",)}.get(
+            stop["stop"], ("IDLE", "INERROR"))
         assert stop["status"] in ok, stop
         assert stop["after"] == 1, stop  # rollback(), then SELECT 1
         assert stop["late"] < 2.0, stop  # a bound (as above); broken: the query's 10 s

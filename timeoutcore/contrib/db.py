@@ -131,18 +131,28 @@ class _PsycopgGuard:
     """``guard(psycopg_conn)``: ``interrupt_with(conn.cancel_safe)``, and while it is armed
     the patched waits on the connection's socket left to that cancel."""
 
-    __slots__ = ("_conn", "_inner", "_undo")
+    # Rule: the waits stay left to the cancel until the guard exits -- or, when the scope's
+    # stop has come, until that scope exits. The thread then unwinds through the driver's
+    # own clean-up inside the stopped scope (psycopg's `with connect()` rolls back, then
+    # closes), and a patched wait there would raise the stop again at once: the pure-Python
+    # driver's rollback failed, its close was skipped and the connection stayed open until
+    # the garbage collector found it. With the wait left alone the clean-up completes, as it
+    # does with the C implementation (whose waits are not patched).
+
+    __slots__ = ("_conn", "_inner", "_scope", "_undo")
 
     def __init__(self, conn: Any, cancel: Callable[[], Any]) -> None:
         self._conn = conn
         self._inner = interrupt_with(cancel)
+        self._scope: Any = None
         self._undo: Optional[Callable[[], None]] = None
 
     def __enter__(self) -> _PsycopgGuard:
         if self._undo is not None:
             raise RuntimeError("guard(): this guard is already entered")
         self._inner.__enter__()
-        if core.current_scope() is None:
+        self._scope = scope = core.current_scope()
+        if scope is None:
             return self  # interrupt_with armed nothing: no cancel will end a wait
         conn = self._conn
         try:
@@ -165,11 +175,24 @@ class _PsycopgGuard:
     def __exit__(self, exc_type: Optional[type[BaseException]],
                  exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
         undo, self._undo = self._undo, None
+        scope, self._scope = self._scope, None
         try:
             self._inner.__exit__(exc_type, exc, tb)  # raises the stop if it cancelled
         finally:
-            if undo is not None:
+            if undo is not None and not _until_scope_exit(scope, undo):
                 undo()
+
+
+def _until_scope_exit(scope: Any, undo: Callable[[], None]) -> bool:
+    """If ``scope`` was stopped and is still active: run ``undo`` when it exits (its
+    timeout handlers run then, in this thread) and say True."""
+    if scope is None or scope.exited_at is not None or not scope.expired():
+        return False
+    try:
+        scope.on_timeout(undo)
+    except RuntimeError:  # it exited in the meantime
+        return False
+    return True
 
 
 def _pragma(conn: Any, sql: str) -> list[Any]:
