@@ -115,6 +115,7 @@ def _make_sleep(orig: Callable[[float], None]) -> Callable[..., None]:
 # cancelled query only for KeyboardInterrupt/SystemExit, so it drops the half-done exchange
 # and the connection stays ACTIVE ("another command is already in progress"), however
 # guard()'s cancel ended the query on the server. So while guard(conn) is armed in a scope
+# (once the scope is stopped: until it exits, for the driver's own clean-up; contrib.db)
 # and a command is in progress on the connection, a patched wait of this thread on that
 # connection's socket alone is the original call: the deadline does not end it, guard()'s
 # cancel does -- the server answers, the driver reads that answer to its end, and the
