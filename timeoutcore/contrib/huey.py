@@ -1,6 +1,7 @@
 """Huey: task timeouts that thread workers enforce, and a revoke that stops a running task.
 
-One line, in the module that defines the Huey instance (before the consumer is made)::
+Needs huey 3.0 or later (task timeouts came with it). One line, in the module that
+defines the Huey instance (before the consumer is made)::
 
     from huey import RedisHuey
     from timeoutcore.contrib.huey import install
@@ -48,13 +49,15 @@ deadline that fires just as the task returns).
 
 How the worker learns of a revoke. huey records a revoke as a key in its storage
 (``r:<task id>``, or one per task class); the consumer only reads it before it runs a
-task. Here one thread per consumer process -- running only while tasks run -- asks huey
+task. Here one thread per consumer process -- asleep once no task has run for a second
+(:data:`IDLE_AFTER`) -- asks huey
 (``huey.is_revoked(task)``, the check huey itself makes before a task runs) every
 ``revoke_interval`` seconds (default 0.05) for each running task, and cancels the scope
 of a revoked one. So any revoke counts, from any process, with or without this module
 installed there, with any storage (Redis, SQLite, file), and a revoke sent between
 huey's own check and the task's start is not lost: the key stays until huey deletes it
-after the run. Its cost: one storage read per running task per interval, none when idle.
+after the run. Its cost: one storage read per running task per interval, none when idle
+(benchmarks/bench_huey.py measures it, and the rejected designs' per-task cost).
 Rejected:
 
 * the Redis deadline registry (``contrib.redis.DeadlineRegistry``, as ``contrib.celery``
