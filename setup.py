@@ -93,7 +93,7 @@ test = ["pytest>=7", "pytest-benchmark>=4", "pytest-timeout>=2.1", "celery[redis
         # test_rq.py, test_huey.py).
         "anyio>=4.4", "trio>=0.26", "fastapi>=0.115", "uvicorn>=0.30", "httpx>=0.27",
         "gunicorn>=23", "waitress>=3.0", "flask>=3.0", "django>=5.2", "requests>=2.32",
-        "dramatiq[redis]>=1.17", "rq>=3.0", "huey>=2.5",
+        "dramatiq[redis]>=1.17", "rq>=3.0", "huey>=3.0",
         "pytest-xdist>=3.5", "pytest-run-parallel>=0.10"]  # pure Python: every interpreter
 if FREE_THREADED:
     test += ["psycopg>=3.2"]
@@ -114,7 +114,7 @@ setup(
         # revoke of a running job also need the redis extra).
         "dramatiq": ["dramatiq>=1.17"],
         "rq": ["rq>=3.0"],
-        "huey": ["huey>=2.5"],
+        "huey": ["huey>=3.0"],
         # The tests drive a real Celery worker and a real Redis (redis-server from the system).
         "test": test,
         "bench": ["pytest-benchmark>=4", "stopit", "func_timeout"],
