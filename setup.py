@@ -119,5 +119,8 @@ setup(
         "test": test,
         "bench": ["pytest-benchmark>=4", "stopit", "func_timeout"],
         "plot": ["matplotlib>=3.5"],
+        # The documentation site (nox -s docs): Sphinx, MyST Markdown, the furo theme, and
+        # towncrier for the changelog's unreleased fragments.
+        "docs": ["sphinx>=8.1", "myst-parser>=4", "furo>=2024.8.6", "towncrier>=24.8"],
     },
 )

@@ -11,8 +11,8 @@ which version of each range the project's checks run against.
 
 For each interpreter, pip resolves (``--dry-run --report``, nothing is installed) everything CI
 installs with it: the build requirements (build isolation), the project with its ``test``,
-``celery``, ``redis``, ``anyio``, ``dramatiq``, ``rq`` and ``huey`` extras, the tools the nox
-sessions add (ruff, mypy, type stubs) and nox itself. A package whose newest allowed version differs between interpreters gets one line per
+``celery``, ``redis``, ``anyio``, ``dramatiq``, ``rq``, ``huey``, ``docs`` and ``plot``
+extras, the tools the nox sessions add (ruff, mypy, type stubs) and nox itself. A package whose newest allowed version differs between interpreters gets one line per
 ``python_version``; 3.14 and 3.14t must agree (no PEP 508 marker tells them apart).
 
 Tools and stubs are named in ``TOOLS`` below with the reason for any cap.
@@ -46,7 +46,7 @@ TOOLS = [
     "types-cffi",
     "nox",
 ]
-EXTRAS = ".[test,celery,redis,anyio,dramatiq,rq,huey]"
+EXTRAS = ".[test,celery,redis,anyio,dramatiq,rq,huey,docs,plot]"
 
 
 def _find_interpreters() -> list[str]:
