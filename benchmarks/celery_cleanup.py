@@ -1,5 +1,5 @@
 """What each Celery pool leaves behind, with and without ``contrib.celery.install``'s
-options: the table in the README's Celery section comes from this script.
+options: prints the table (docs/celery.md, "No process outlives its task", explains it).
 
     python benchmarks/celery_cleanup.py [--redis redis://127.0.0.1:6379/0] [--pools ...]
 

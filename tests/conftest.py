@@ -254,8 +254,8 @@ def run_under_trigger(trigger: str, body: Callable[[], Any], at: float,
     loaded machine starts a thread when it can; that delay is not the stop's)."""
     # Collect earlier tests' garbage first: a cyclic collection run inside the block would
     # execute its weakref callbacks (threading's WeakSets) in this thread, where today's
-    # asynchronous interrupt may surface and be reported as unraisable (README, "Known
-    # limits": the standard library's critical sections). This test is about the waits.
+    # asynchronous interrupt may surface and be reported as unraisable (the docs' "Known
+    # limits" page: the standard library's critical sections). This test is about the waits.
     gc.collect()
     hard = at if trigger in ("hard", "later") else 4.0
     extra: dict[str, Any] = {"soft_limit": at, "soft_raise": True} if trigger == "soft" else {}

@@ -5,7 +5,7 @@ patched calls change behaviour only inside a ``thread_deadline`` scope. Outside 
 each one starts with one C call (``remaining() is None``, a thread-local look-up) and then
 calls the original with the same arguments: same results, same exceptions, same timeouts.
 
-Inside a scope (see the README's "What can be interrupted"):
+Inside a scope (the docs' table: docs/explanation/what-stops.md):
 
 * ``time.sleep`` -> ``timeoutcore.sleep`` (ends at the deadline);
 * ``socket.socket`` ``recv``, ``recv_into``, ``recvfrom``, ``recvfrom_into``, ``send``,
@@ -491,7 +491,20 @@ def _name(owner: Any, attr: str) -> str:
 
 
 def patch() -> None:
-    """Patch the stdlib's blocking calls (see the module docstring). Idempotent."""
+    """Make the standard library's blocking calls end at the calling thread's deadline.
+
+    Replaces, process-wide, ``time.sleep``; the blocking ``socket`` and ``ssl.SSLSocket``
+    methods (so ``urllib``, ``http.client``, ``requests``, ``httpx``, redis-py);
+    ``select.select``, ``select.poll`` objects and every ``selectors`` selector;
+    ``threading.Condition.wait`` (so ``Event``, ``Semaphore``, ``queue.Queue``,
+    ``concurrent.futures`` waits) and ``Thread.join``; and ``subprocess.Popen`` (a child
+    started inside a scope is killed with its process group and reaped when the deadline
+    ends its wait). Outside a ``thread_deadline`` scope each patched call is the original:
+    same results, exceptions and timeouts. Inside one, a wait ends at the scope's stop
+    (hard deadline, ``soft_raise`` soft limit, ``cancel()``) with the scope's exception;
+    a shorter timeout of the call's own keeps its meaning. Idempotent; :func:`unpatch`
+    undoes it and :func:`patched_targets` lists what is patched (on CPython 3.15+ with
+    the C core, sleep, sockets and select need no patch and are skipped)."""
     with _lock:
         if _saved:
             return

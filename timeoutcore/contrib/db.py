@@ -53,8 +53,8 @@ waiter left queued or a connection taken from the pool and not returned::
         conn.execute("SELECT ...")
 
 A stop that moves earlier during that wait is heard when the wait ends, at the latest at
-the stop time known when it began. Only psycopg_pool is covered here (README, "Connection
-pools", for the others).
+the stop time known when it began. Only psycopg_pool is covered here (the docs' databases
+page, "Connection pools", for the others).
 """
 
 from __future__ import annotations
