@@ -3,12 +3,15 @@ prints one JSON line per job on stdout.
 
     python registry_worker.py URL PREFIX MARGIN JOB:HARD:BODY:KIND [JOB:HARD:BODY:KIND ...]
 
-KIND is ``sleep`` (time.sleep, stopped through timeoutcore.patch) or ``spin`` (a CPU loop).
+KIND is ``sleep`` (time.sleep, stopped through timeoutcore.patch), ``recv`` (a socket read
+from a peer that never sends, stopped through patch too; BODY is unused) or ``spin`` (a CPU
+loop).
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 import time
 
@@ -40,6 +43,10 @@ def main() -> None:
             with scope:
                 if kind == "sleep":
                     time.sleep(float(body))
+                elif kind == "recv":
+                    mine, silent = socket.socketpair()
+                    with mine, silent:
+                        mine.recv(1)
                 else:
                     spin(float(body))
         except timeoutcore.DeadlineExceeded as exc:

@@ -162,7 +162,7 @@ def test_an_extension_a_resync_applies_counts_from_the_armed_deadline(
     assert 1.5 <= out["elapsed"] < 1.5 + LATE
 
 
-@pytest.mark.parametrize("kind", ["spin", "sleep"])
+@pytest.mark.parametrize("kind", ["spin", "sleep", "recv"])
 def test_cancel_stops_the_job_at_once(redis_url: str, registry: DeadlineRegistry,
                                       kind: str) -> None:
     worker = Worker(redis_url, registry.prefix, f"cancel-{kind}:30:30:{kind}")

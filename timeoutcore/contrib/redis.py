@@ -46,7 +46,7 @@ import redis
 import redis.connection
 from pydantic import BaseModel, ConfigDict
 
-from .. import _fork
+from .. import _fork, _stop
 from .._engine import core
 from ..scope import DeadlineScope, shield, thread_deadline
 from .redis_client import protect_pools
@@ -441,6 +441,12 @@ class DeadlineRegistry:
             return  # another process's job, or one that has ended
         if op == "cancel":
             entry.scope.cancel()
+            # The subscriber's wait may have cancelled the scope already, without the GIL
+            # (csrc/tc_remote.c): then cancel() found it expired and returned, and nothing
+            # told the job's patched waits (a socket read, a subprocess wait) that their stop
+            # time moved -- they ran on to the old deadline. Wake them either way: a wait
+            # woken for nothing re-reads its stop time and goes on.
+            _stop.wake(entry.scope.thread_ident)
         elif n == 0 or n > entry.extends:
             entry.extends = max(entry.extends, n)
             self._extend_local(entry, seconds)
