@@ -238,6 +238,8 @@ def main() -> None:
         aborts = {
             "time_sleep": _pcts(_abort_ms(aborting, registry, "sleep", 60, args.trials)),
             "cpu_loop": _pcts(_abort_ms(aborting, registry, "spin", 60, args.trials)),
+            "requests_silent_peer": _pcts(_abort_ms(aborting, registry, "http", peer.url,
+                                                    args.trials)),
         }
         for worker in workers.values():
             _round(worker, 50)  # warm-up
@@ -258,8 +260,6 @@ def main() -> None:
         "limit_ms": LIMIT_MS,
         "stock_interval_ms": 1000,
         "stock_requests_silent_peer": "not measured: stopped only by requests' own timeout",
-        "abort_requests_silent_peer": "not measured: a remote cancel does not wake a patched "
-                                      "socket wait yet; the message stops at its limit",
         **{f"late_{name}": row for name, row in late.items()},
         **{f"abort_to_done_{name}": row for name, row in aborts.items()},
         "one_ms_messages_per_round": args.messages,

@@ -213,14 +213,6 @@ def test_abort_stops_a_running_message_which_is_not_retried(
     coordinator.close()
 
 
-# Not strict: the subscriber's own scope.cancel() wakes the wait whenever it runs before the
-# scope has expired, which may happen, so the test may pass before the fix (one unexplained
-# failure on 3.12 might have been that). Remove the mark with the fix.
-@pytest.mark.xfail(strict=False, reason=(
-    "contrib.redis: a DeadlineRegistry cancel does not wake the thread's patched socket or "
-    "subprocess wait (no _stop.wake(); scope.cancel() wakes it, and so does a wake after "
-    "DeadlineRegistry._apply): the message ends at its time limit instead. time.sleep, "
-    "lock/queue waits and Python code stop at once"))
 def test_abort_stops_a_message_blocked_in_a_socket_read(
         worker: DramatiqWorker, silent_peer: Any, redis_url: str,
         registry_prefix: str) -> None:

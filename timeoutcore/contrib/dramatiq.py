@@ -37,9 +37,8 @@ Abort (the Redis deadline registry, :mod:`timeoutcore.contrib.redis`)::
     abort(message.message_id, registry=registry)            # any process: True if it ran
 
 publishes each running message under its message id; :func:`abort` cancels it through Redis:
-it stops within milliseconds (Python code, ``time.sleep``, lock/queue/event waits; a socket
-read or a subprocess wait only at its time limit for now: the registry's cancel does not
-wake them), and fails with :class:`Aborted`. It is not retried: ``Aborted`` is added to
+it stops within milliseconds (Python code and every wait ``patch()`` covers: ``time.sleep``,
+socket reads, subprocess, lock/queue/event waits), and fails with :class:`Aborted`. It is not retried: ``Aborted`` is added to
 every actor's ``throws`` option, the switch the ``Retries`` middleware documents for "never
 retried" (the worker then logs it at INFO as an expected exception and ``Retries`` fails the
 message: dead-letter queue, ``Results`` stores ``Aborted``). An abort of a message that is
