@@ -110,11 +110,17 @@ def _install_project(session: nox.Session, spec: str, *more: str) -> None:
     files, even if only csrc/timeoutcore.h changed. DIST_EXTRA_CONFIG (read by setuptools'
     distutils) moves the build folder out of the tree and forces build_ext to recompile.
     """
-    tmp = Path(session.create_tmp())
-    cfg = tmp / "setuptools-build.cfg"
-    cfg.write_text(f"[build]\nbuild_base = {tmp / 'build'}\n\n[build_ext]\nforce = 1\n")
+    cfg = _build_outside(Path(session.create_tmp()))
     # TIMEOUTCORE_WERROR: a compiler warning in the C core fails the build (_ffi_build.py).
     session.install(spec, *more, env={"DIST_EXTRA_CONFIG": str(cfg), "TIMEOUTCORE_WERROR": "1"})
+
+
+def _build_outside(tmp: Path) -> Path:
+    """A setuptools config (for DIST_EXTRA_CONFIG) that builds in ``tmp``, not ./build, and
+    always recompiles (:func:`_install_project` says why)."""
+    cfg = tmp / "setuptools-build.cfg"
+    cfg.write_text(f"[build]\nbuild_base = {tmp / 'build'}\n\n[build_ext]\nforce = 1\n")
+    return cfg
 
 
 @nox.session
@@ -185,10 +191,9 @@ def fallback(session: nox.Session) -> None:
     tmp = Path(session.create_tmp())
     dist = tmp / "dist"
     shutil.rmtree(dist, ignore_errors=True)
-    cfg = tmp / "setuptools-build.cfg"  # the build folder out of the tree (_install_project)
-    cfg.write_text(f"[build]\nbuild_base = {tmp / 'build'}\n")
     session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT),
-                env={"TIMEOUTCORE_PURE_PYTHON": "1", "DIST_EXTRA_CONFIG": str(cfg)})
+                env={"TIMEOUTCORE_PURE_PYTHON": "1",
+                     "DIST_EXTRA_CONFIG": str(_build_outside(tmp))})
     wheels = sorted(dist.glob("timeoutcore-*.whl"))
     if [w.name.rsplit("-", 3)[1:] for w in wheels] != [["py3", "none", "any.whl"]]:
         session.error(f"expected one py3-none-any wheel, built {[w.name for w in wheels]}")
@@ -210,7 +215,8 @@ def fallback(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Build the documentation site (docs/conf.py) with every warning an error: a broken
     link, an unresolved reference to a timeoutcore name, a public name without a reference
-    entry. Its code examples run in the test suite (tests/test_readme.py)."""
+    entry. Its code examples run in the test suite (tests/test_readme.py). Then the README,
+    the PyPI description, must pass ``twine check --strict``."""
     # With the C core: the reference documents the native engine's scope type (its
     # attributes live in C), not the pure-Python engine's. The integrations' frameworks are
     # stood in for by autodoc (autodoc_mock_imports), so the session installs none of them.
@@ -221,3 +227,13 @@ def docs(session: nox.Session) -> None:
     session.run("sphinx-build", "-W", "--keep-going", "-n", "-q", "-b", "html",
                 str(ROOT / "docs"), str(out), *session.posargs)
     session.log(f"docs: {out / 'index.html'}")
+    # The README is the PyPI description: twine checks it renders there, from a wheel's
+    # metadata (the pure-Python build: no compiler needed, the same metadata).
+    tmp = Path(session.create_tmp())
+    dist = tmp / "readme-check"
+    shutil.rmtree(dist, ignore_errors=True)
+    session.install("twine")
+    session.run("python", "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(ROOT),
+                env={"TIMEOUTCORE_PURE_PYTHON": "1",
+                     "DIST_EXTRA_CONFIG": str(_build_outside(tmp))})
+    session.run("twine", "check", "--strict", *map(str, sorted(dist.glob("*.whl"))))

@@ -45,6 +45,8 @@ TOOLS = [
     "mypy<1.20",
     "types-cffi",
     "nox",
+    # the docs session's check of the README as PyPI renders it
+    "twine",
 ]
 EXTRAS = ".[test,celery,redis,anyio,dramatiq,rq,huey,docs,plot]"
 
