@@ -182,8 +182,8 @@ CHECK_PURE = (
 @nox.session
 def fallback(session: nox.Session) -> None:
     """The pure-Python build: ``TIMEOUTCORE_PURE_PYTHON=1`` makes the ``py3-none-any``
-    wheel (the one published beside the Linux wheels, and what a platform without
-    ``timer_create`` gets); installed without the C core, the default engine choice must pick
+    wheel (published, tagged for macOS, beside the Linux wheels; what a build where the C
+    core cannot compile installs too); installed without the C core, the default engine choice must pick
     the pure-Python engine, and the engine tests run on it, on the interpreter nox runs on
     only (the suite's tests/test_fallback.py runs its workloads on that engine, in
     subprocesses, on every interpreter of the ``tests`` session, and test_pure_build.py

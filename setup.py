@@ -21,10 +21,10 @@ FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 #   unset/""  try the C core; where it cannot compile (macOS has no timer_create, a machine
 #             may have no C compiler), say so once and install without it: the package then
 #             runs on the pure-Python engine (timeoutcore/_engine.py picks it by itself);
-#   "1"       no C core at all: a pure-Python wheel, py3-none-any (the one published beside
-#             the Linux wheels, and the build the `fallback` nox session tests). Build it on
-#             a GIL CPython: its requirements are those of the interpreter that builds it
-#             (orjson), and the pure-Python engine does not run on a free-threaded one;
+#   "1"       no C core at all: a pure-Python wheel, py3-none-any (the build the `fallback`
+#             nox session tests; published beside the Linux wheels, tagged for macOS only:
+#             .github/workflows/wheels.yml says why). Build it on a GIL CPython: the
+#             pure-Python engine does not run on a free-threaded one;
 #   "0"       the C core or a failed build.
 # TIMEOUTCORE_WERROR=1 (CI, nox, cibuildwheel) also makes a failed compile fatal: where we
 # build and test, a broken C core must never turn silently into a pure-Python package.
@@ -59,10 +59,14 @@ class BuildExtOrPurePython(build_ext):
         except _BUILD_FAILURES as exc:
             if NATIVE_REQUIRED:
                 raise
-            for ext in self.extensions:  # a core left in the build folder by an earlier build
-                stale = os.path.join(self.build_lib, self.get_ext_filename(ext.name))
-                if os.path.exists(stale):
-                    os.remove(stale)
+            for ext in self.extensions:
+                # A core an earlier build left behind: in the build folder, and in the source
+                # tree (an editable install builds in place, get_ext_fullpath's answer then):
+                # either would be imported in place of the pure-Python engine.
+                for stale in {os.path.join(self.build_lib, self.get_ext_filename(ext.name)),
+                              self.get_ext_fullpath(ext.name)}:
+                    if os.path.exists(stale):
+                        os.remove(stale)
             self.extensions = []
             self.distribution.ext_modules = []
             reason = " ".join(str(exc).split()) or type(exc).__name__
@@ -98,8 +102,12 @@ test = ["pytest>=7", "pytest-benchmark>=4", "pytest-timeout>=2.1", "celery[redis
 if FREE_THREADED:
     test += ["psycopg>=3.2"]
 else:
-    install_requires += ["orjson>=3.8"]
     test += ["psycopg2-binary>=2.9.9", "psycopg[binary]>=3.2"]
+# orjson only beside the C core: the pure-Python wheel is installed on whatever CPython a
+# platform has (a free-threaded one included, where orjson would have to be built and
+# refuses to), and timeoutcore._json writes the same bytes without it.
+if not FREE_THREADED and not PURE:
+    install_requires += ["orjson>=3.8"]
 
 setup(
     cffi_modules=[] if PURE else ["timeoutcore/_ffi_build.py:ffibuilder"],

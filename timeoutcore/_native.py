@@ -33,8 +33,10 @@ except ModuleNotFoundError as _exc:
     # A pure-Python install (setup.py: TIMEOUTCORE_PURE_PYTHON=1, or a C core that could not
     # be compiled where it was installed) has no C core at all.
     raise ImportError(
-        "this timeoutcore installation has no C core (a pure-Python build); reinstall it "
-        "on Linux with a C compiler to get the native engine"
+        "this timeoutcore installation has no C core (a pure-Python build); on Linux, with "
+        "a C compiler: pip install --force-reinstall --no-binary timeoutcore --no-cache-dir "
+        "timeoutcore builds it (the build says why when it cannot: pip -v); the pure-Python "
+        "engine needs a CPython with the GIL"
     ) from _exc
 
 _MODNAME = "timeoutcore._core"
