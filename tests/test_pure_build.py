@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import needs_gil
 
 ROOT = Path(__file__).resolve().parent.parent
 MESSAGE = "timeoutcore: the C core could not be built here"
@@ -26,6 +27,7 @@ pytestmark = [
     pytest.mark.skipif(not (ROOT / "setup.py").is_file(), reason="needs the source tree"),
     # cibuildwheel tests the wheels it built, once per wheel: the build path is nox's part
     pytest.mark.skipif(os.environ.get("CIBUILDWHEEL") == "1", reason="tested by nox"),
+    needs_gil,  # what it installs runs on the pure-Python engine
 ]
 
 FAILING_CC = """#!/bin/sh
