@@ -364,6 +364,8 @@ def test_bench_json_dash_writes_json_on_stdout_instead_of_the_table(
     [
         (["--json", "no-such-dir/result.json"], 2, "no such directory"),
         (["--json", "."], 2, "is a directory"),
+        (["--json", ""], 2, "a file name is needed"),
+        (["--plot", "out/"], 2, "a file name is needed"),
         (["--plot", "no-such-dir/plot.png"], 2, "no such directory"),
         (["--quick", "--frobnicate"], 2, "unrecognized arguments"),
         (["--json"], 2, "expected one argument"),

@@ -267,6 +267,8 @@ def demo(args: argparse.Namespace) -> int:
 
 def _check_output_path(option: str, path: str) -> None:
     """Refuse, before a run of minutes, a path that cannot be written."""
+    if not path or path.endswith(os.sep):
+        raise UsageError(f"{option} {path!r}: a file name is needed")
     if os.path.isdir(path):
         raise UsageError(f"{option} {path!r} is a directory")
     parent = os.path.dirname(os.path.abspath(path))

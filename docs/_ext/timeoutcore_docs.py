@@ -186,15 +186,21 @@ def _chart(title: str, rows: list[Row]) -> nodes.Node | None:
     """An inline SVG of the rows' latencies: a box per row where the file holds the raw
     samples (``*samples_ms``), else bars of the p50/p90/p99 it holds. None without
     matplotlib, or when the rows hold neither."""
-    samples = [(name, [v for v in next(f[k] for k in f if k.endswith("samples_ms"))
-                       if isinstance(v, (int, float)) and v > 0])
-               for name, f in rows if any(k.endswith("samples_ms") for k in f)]
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+    samples = []
+    for name, f in rows:
+        raw = next((f[k] for k in f if k.endswith("samples_ms")), None)
+        if isinstance(raw, list):  # null, or anything else, draws nothing
+            samples.append((name, [v for v in raw if number(v)]))
     samples = [(name, values) for name, values in samples if values]
-    keys = [k for k in ("p50_ms", "p90_ms", "p99_ms") if all(k in f for _, f in rows)]
+    keys = [k for k in ("p50_ms", "p90_ms", "p99_ms")
+            if all(number(f.get(k)) for _, f in rows)]
     if not ("p50_ms" in keys and len(keys) > 1):
         # A cost per operation (``per_block_ns``, ``cost_us``...) shared by every row.
         keys = [k for k in rows[0][1] if k.endswith(("_ns", "_us"))
-                and all(isinstance(f.get(k), (int, float)) for _, f in rows)][:1]
+                and all(number(f.get(k)) for _, f in rows)][:1]
     if not samples and (not keys or len(rows) < 2):
         return None
     try:
