@@ -51,8 +51,10 @@ Messages without a time limit are not published (the limit bounds the life of th
 Redis): they cannot be aborted while running.
 
 Not covered: async actors (the ``AsyncIO`` middleware) run their coroutine on the event loop
-thread, which no worker-thread deadline stops: their limits are not enforced here (a
-warning is logged when one is declared; use ``asyncio.timeout`` in the coroutine).
+thread, not in the worker thread this middleware guards: their limits are not enforced here
+(a warning is logged when one is declared). Unlike the stock middleware, whose interrupt
+reaches the worker thread's wait for the coroutine and cancels it at its next poll: put
+``asyncio.timeout`` in the coroutine instead.
 """
 
 from __future__ import annotations
@@ -218,8 +220,10 @@ class TimeLimit(Middleware):
         try:
             actor = broker.get_actor(message.actor_name)
             # resolved as dramatiq.middleware.TimeLimit does (message, actor, middleware)
+            # an actor's time_limit=None is "not set", as the stock middleware's `or` reads
+            # its message option (it would fail on the actor's None itself)
             hard = _ms(message.options.get("time_limit")
-                       or actor.options.get("time_limit", self.time_limit),
+                       or actor.options.get("time_limit") or self.time_limit,
                        "time_limit", f"message {message.message_id}")
             soft_ms = (message.options.get("soft_time_limit")
                        or actor.options.get("soft_time_limit", self.soft_time_limit))
@@ -318,13 +322,13 @@ def _add_throws(actor: Any) -> None:
     stay JSON. A message that carries its own ``throws`` replaces the actor's: such a
     message would be retried after an abort."""
     throws = actor.options.get("throws")
-    if throws is None:
-        actor.options["throws"] = (Aborted,)
-    elif isinstance(throws, type):
-        if not issubclass(Aborted, throws):
-            actor.options["throws"] = (throws, Aborted)
-    elif Aborted not in tuple(throws):
-        actor.options["throws"] = (*tuple(throws), Aborted)
+    given = () if throws is None else (throws,) if isinstance(throws, type) else tuple(throws)
+    # InvalidTimeLimit too: a message with a bad limit (sent by a producer without this
+    # middleware) fails the same way on every retry.
+    missing = tuple(e for e in (Aborted, InvalidTimeLimit)
+                    if not any(issubclass(e, t) for t in given))
+    if missing:
+        actor.options["throws"] = (*given, *missing)
 
 
 # -- abort ----------------------------------------------------------------------------------
@@ -338,6 +342,8 @@ def _take_early_abort(registry: Any, message_id: str) -> bool:
     :func:`abort`. Redis down: no (the local limit still holds); logged once a minute."""
     import redis
 
+    if not registry._health.usable():  # Redis failing: as the registry's publishing, skip
+        return False                   # the round trip (each could take socket_timeout)
     try:
         key = _ABORT_KEY.format(prefix=registry.prefix, message_id=message_id)
         # Shielded, as the registry's own publishing: a command cut half-way would leave

@@ -73,8 +73,11 @@ Rejected:
 
 Bad limits: a ``timeout`` that is not a number of seconds (negative, NaN, infinite, a
 string, a bool) is refused with ``ValueError``/``TypeError`` when the task is enqueued
-from a process where :func:`install` ran (not a consumer), and otherwise fails the task in
-a thread worker with the same error. ``timeout=None`` or ``0`` is no limit, as in huey.
+from a process where :func:`install` ran (not a consumer). Enqueued from elsewhere, a bad
+number fails the task in a thread worker with the same error; a value that is not a number
+at all fails in huey's own code before the task runs, as it does without timeoutcore (huey
+logs an unhandled error and stores no result). ``timeout=None`` or ``0`` is no limit, as in
+huey.
 """
 
 from __future__ import annotations

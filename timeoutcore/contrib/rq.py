@@ -293,6 +293,10 @@ class _Enforcing:
 
     def perform_job(self, job: Any, queue: Any, *args: Any, **kwargs: Any) -> bool:
         record = _Performing(job)
+        # A stop accepted between the dequeue and now found no record (kill_horse): RQ has
+        # set _stopped_job_id already, and the job must not run.
+        if getattr(self, "_stopped_job_id", None) == job.id:
+            record.stop_requested = True
         self._timeoutcore_performing = record
         _performing.record = record
         try:
