@@ -99,15 +99,21 @@ def _late_ms(worker: Any, actor: str, arg: Any, trials: int,
         except Exception as exc:  # noqa: BLE001 - the failure is the expected outcome
             if type(exc).__name__ != "ResultFailure":
                 raise
-        for _ in range(500):  # the stopwatch writes after the result is stored
-            took = _stopwatch(worker).get(message.message_id)
-            if took is not None:
-                break
-            time.sleep(0.01)
-        else:
-            raise RuntimeError(f"no stopwatch entry for {message.message_id}")
+        took = _stopwatch_entry(worker, message.message_id)  # written after the result
         late.append(took[0] - LIMIT_MS)
     return late
+
+
+def _stopwatch_entry(worker: Any, message_id: str, within: float = 5.0) -> Any:
+    """The worker's stopwatch entry for ``message_id``, polled for up to ``within`` s."""
+    end = time.monotonic() + within
+    while True:
+        entry = _stopwatch(worker).get(message_id)
+        if entry is not None:
+            return entry
+        if time.monotonic() > end:
+            raise RuntimeError(f"no stopwatch entry for {message_id}")
+        time.sleep(0.005)
 
 
 def _abort_ms(worker: Any, registry: Any, actor: str, arg: Any, trials: int) -> list[float]:
@@ -125,13 +131,7 @@ def _abort_ms(worker: Any, registry: Any, actor: str, arg: Any, trials: int) -> 
         t0 = time.perf_counter()
         if not abort(message, registry=registry):
             raise RuntimeError(f"{message.message_id} was not running")
-        for _ in range(1000):
-            done = _stopwatch(worker).get(message.message_id)
-            if done is not None:
-                break
-            time.sleep(0.005)
-        else:
-            raise RuntimeError(f"no stopwatch entry for {message.message_id}")
+        done = _stopwatch_entry(worker, message.message_id)
         out.append((done[1] - t0) * 1000)
     return out
 
