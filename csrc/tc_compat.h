@@ -77,8 +77,8 @@
  * interval is read and written here with relaxed atomics (CPython itself
  * reads it without a lock).  tc_gil.c also wakes the threads that wait for
  * the GIL, so that they wait the lowered interval at once (its header says
- * why).  No GIL state (a build without a GIL): no window. */
-int tc_gil_setup(void);                    /* tc_gil.c */
+ * why).  No GIL state, or its address failed the import check: no window. */
+int tc_gil_setup(char *why, size_t n);     /* tc_gil.c: checked at import */
 unsigned long *tc_gil_interval_addr(void); /* tc_gil.c */
 int tc_gil_rewait(void);                   /* tc_gil.c */
 int tc_gil_drop_requested(void);           /* tc_gil.c */
@@ -89,10 +89,10 @@ int tc_add_pending(int (*func)(void *), void *arg); /* tc_gil.c */
 PyCodeObject *tc_iframe_code(void *iframe);          /* tc_gil.c */
 static unsigned long *g_interval_addr;     /* set by tc_switch_setup        */
 
-/* At import, with the GIL. */
-static inline void tc_switch_setup(void)
+/* At import, with the GIL, after tc_gil_setup (tc_accel.c: accel_setup). */
+static inline void tc_switch_setup(int on)
 {
-    g_interval_addr = tc_gil_setup() ? tc_gil_interval_addr() : NULL;
+    g_interval_addr = on ? tc_gil_interval_addr() : NULL;
 }
 
 static inline int tc_lower_switch_supported(void)

@@ -269,7 +269,8 @@ static int64_t prearm_lead(void)
 {
 #if TC_FREE_THREADED
     int64_t lead = 2 * atomic_load(&g_events_cost_ns);
-    return lead < TC_PREARM_LEAD_MIN_NS ? TC_PREARM_LEAD_MIN_NS
+    return !accel_on(ACCEL_PREARM)        ? 0 /* none: the watchdog comes at the deadline */
+           : lead < TC_PREARM_LEAD_MIN_NS ? TC_PREARM_LEAD_MIN_NS
            : lead > TC_PREARM_LEAD_MAX_NS ? TC_PREARM_LEAD_MAX_NS : lead;
 #else
     return 0;
@@ -495,8 +496,9 @@ static void hook_wake(tc_slot *s, PyThreadState *t, int on)
  * does, after the alarm. */
 static void hook_sleep(tc_slot *s, PyThreadState *t, int64_t deadline)
 {
-    if (!s->hooked || !s->timer_ok || t == NULL || t->c_tracefunc != trace_cb ||
-        s->prev_trace != NULL || t->c_profilefunc != NULL || t->tracing || deadline <= now_ns())
+    if (!accel_on(ACCEL_SLEEPING_TRACER) || !s->hooked || !s->timer_ok || t == NULL ||
+        t->c_tracefunc != trace_cb || s->prev_trace != NULL || t->c_profilefunc != NULL ||
+        t->tracing || deadline <= now_ns())
         return; /* someone else's tracer or profiler: it traces anyway */
     s->sleep_ts = t;
     t->cframe->use_tracing = 0;
@@ -1148,11 +1150,10 @@ static PyThreadState *slot_tstate(tc_slot *s)
 
 #if TC_DIRECT_BACK_EDGE
 /* -- Direct delivery at a back-edge (3.11, 3.12) --------------------------------
- * Why: the hook costs every thread while it is armed on 3.12 (the events are
- * interpreter-wide: a CPU loop runs ~5x slower with them on, measured), and
- * in a busy pool the fired thread may wait milliseconds for the GIL with the
- * events on all that time -- the largest part of what frequent deadlines cost
- * a pool there.  But a thread that is paused at a loop's back-edge -- the
+ * Why: the hook costs every thread while it is armed on 3.12 (its events are
+ * interpreter-wide), and in a busy pool the fired thread may wait for the
+ * GIL with the events on all that time -- the largest part of what frequent
+ * deadlines cost a pool there.  But a thread that is paused at a loop's back-edge -- the
  * usual place for a CPU loop that was asked to let the GIL go -- will meet a
  * pending asynchronous exception first thing when it has the GIL back, at
  * that very instruction (tc_compat.h: tc_back_edge_in_loop).  So the place
@@ -1312,9 +1313,8 @@ static int pc_fire_here(tc_slot *s, int *again)
             /* A loop's back-edge whose raise would not land in the loop's
              * handler: this loop's check never becomes usable.  The hook
              * now (it raises at the loop's head), not after the declines:
-             * waiting for them, a loop inline in a `with` block on 3.13
-             * was fired 0.1-0.5 ms late (its back-edge and its calls'
-             * checks took turns, each resetting the wait). */
+             * its back-edge and its calls' checks take turns, each
+             * resetting the wait. */
             STAT_INC(pending_handovers);
             return pc_to_hook(s, now);
         }
@@ -1379,7 +1379,7 @@ static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
 {
     PyThreadState *t = slot_tstate(s);
 #if TC_DIRECT_BACK_EDGE
-    if (exc == g_interrupt && deliver_direct(s, t, scope))
+    if (exc == g_interrupt && accel_on(ACCEL_DIRECT_DELIVERY) && deliver_direct(s, t, scope))
         return 1;
 #endif
 #if TC_FREE_THREADED

@@ -23,8 +23,7 @@
  * times out (Python/ceval_gil.c, 3.11-3.14 alike).  A thread that was
  * already waiting when the window opened therefore waits out the old
  * interval -- up to 5 ms -- before anyone asks the holder to let go: with
- * busy threads that is most of a deadline's lateness (measured on 3.12.1,
- * 3 spinning threads: p50 2.5 ms).  tc_gil_rewait() wakes every waiter so
+ * busy threads that is most of a deadline's lateness.  tc_gil_rewait() wakes every waiter so
  * that each starts its wait again with the interval now in force.  A
  * condition variable may always wake spuriously, and take_gil() loops until
  * the GIL is free, so to CPython this is a spurious wake-up: nobody takes
@@ -57,17 +56,17 @@
  * 3.12 keep it in the interpreter's eval state, 3.13+ as a bit of the
  * holder's own eval breaker.  Read by the holder, with the GIL.
  *
- * Contract: tc_gil_setup() with the GIL held, in a thread of the
- * interpreter that imports the module; it returns 0 where there is no GIL
- * state to reach (a build without a GIL, an interpreter without its own).
- * tc_gil_interval_addr() and tc_gil_rewait() from any thread, with or
- * without the GIL, after a setup that returned 1; never from a signal
- * handler (rewait takes a mutex).  rewait returns 0, or the errno of the
- * failed pthread call (nothing was woken).  tc_gil_holder() and
- * tc_add_pending() from any thread, with or without the GIL, after setup.
- * tc_gil_drop_requested() with the GIL held, after setup (0 without a GIL).
- * tc_iframe_code() with the GIL held (free-threaded: attached), for the
- * caller's own current frame; no setup needed.
+ * Contract: tc_gil_setup(why, n) once, GIL held, in a thread of the
+ * importing interpreter, first: it checks the addresses above against
+ * public truth (tc_gil_check.c); 1 if all held, else 0 with the reason in
+ * `why`, and then every function below but tc_iframe_code touches no
+ * internal field (no interval address; rewait, drop request, gc.collecting,
+ * main thread 0; holder -1; pending call refused).  interval_addr, rewait,
+ * holder, add_pending: any thread, with or without the GIL; never rewait
+ * from a signal handler (a mutex); it returns 0 or the failed pthread
+ * call's errno (nothing woken).  drop_requested with the GIL (0 without a
+ * GIL).  tc_iframe_code() with the GIL held (free-threaded: attached), for
+ * the caller's own current frame; no setup needed.
  *
  * One more fact that needs a private structure on 3.11: the code object an
  * interpreter frame runs, when no frame object exists for it (making one
@@ -91,7 +90,7 @@
 #pragma GCC diagnostic pop
 
 #define TC_HIDDEN __attribute__((visibility("hidden")))
-TC_HIDDEN int tc_gil_setup(void);
+TC_HIDDEN int tc_gil_setup(char *why, size_t n);
 TC_HIDDEN unsigned long *tc_gil_interval_addr(void);
 TC_HIDDEN int tc_gil_rewait(void);
 TC_HIDDEN int tc_gc_collecting(void);
@@ -101,24 +100,26 @@ TC_HIDDEN int tc_add_pending(int (*func)(void *), void *arg);
 TC_HIDDEN int tc_gil_drop_requested(void);
 TC_HIDDEN PyCodeObject *tc_iframe_code(void *iframe);
 
-static PyInterpreterState *g_interp; /* set once at import, GIL held */
-
+/* Set once at import (GIL held), and only if the import check held. */
+static PyInterpreterState *g_interp;
 #ifndef Py_GIL_DISABLED
-static struct _gil_runtime_state *g_gil; /* set once at import, GIL held */
+static struct _gil_runtime_state *g_gil;
 #endif
 
-int tc_gil_setup(void)
+static int gil_check(PyInterpreterState *interp, char *why, size_t n); /* tc_gil_check.c */
+
+int tc_gil_setup(char *why, size_t n)
 {
-    g_interp = PyInterpreterState_Get();
-#if defined(Py_GIL_DISABLED)
-    return 0;
-#elif PY_VERSION_HEX >= 0x030C0000
-    g_gil = PyInterpreterState_Get()->ceval.gil;
-    return g_gil != NULL;
-#else
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    if (!gil_check(interp, why, n))
+        return 0;
+    g_interp = interp;
+#if !defined(Py_GIL_DISABLED) && PY_VERSION_HEX >= 0x030C0000
+    g_gil = interp->ceval.gil;
+#elif !defined(Py_GIL_DISABLED)
     g_gil = &_PyRuntime.ceval.gil;
-    return 1;
 #endif
+    return 1;
 }
 
 unsigned long *tc_gil_interval_addr(void)
@@ -153,7 +154,7 @@ int tc_gc_collecting(void)
 
 unsigned long tc_main_thread(void)
 {
-    return _PyRuntime.main_thread;
+    return g_interp != NULL ? _PyRuntime.main_thread : 0;
 }
 
 /* Is the GIL held (1) or free (0) right now, and by which thread state
@@ -202,7 +203,7 @@ int tc_gil_drop_requested(void)
 #if defined(Py_GIL_DISABLED)
     return 0;
 #elif PY_VERSION_HEX >= 0x030D0000
-    return _Py_eval_breaker_bit_is_set(PyThreadState_Get(), _PY_GIL_DROP_REQUEST_BIT);
+    return g_gil != NULL && _Py_eval_breaker_bit_is_set(PyThreadState_Get(), _PY_GIL_DROP_REQUEST_BIT);
 #else
     return g_interp != NULL && _Py_atomic_load_relaxed(&g_interp->ceval.gil_drop_request) != 0;
 #endif
@@ -225,3 +226,5 @@ PyCodeObject *tc_iframe_code(void *iframe)
 #endif
     return code != NULL && PyCode_Check(code) ? (PyCodeObject *)code : NULL;
 }
+
+#include "tc_gil_check.c"

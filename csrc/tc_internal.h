@@ -30,6 +30,7 @@
 
 #include "timeoutcore.h"
 #include "tc_compat.h"
+#include "tc_accel.h"
 #include "tc_lock.h"
 
 /* -- Constants ------------------------------------------------------------- */

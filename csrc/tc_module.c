@@ -568,7 +568,7 @@ static PyObject *mod_wait_readable(PyObject *m, PyObject *args)
     r = poll(&p, 1, (int)ceil(timeout * 1e3));
     if (r < 0)
         err = errno;
-    else if (r > 0 && control && (handled = remote_peek(fd, marked)) > 0)
+    else if (r > 0 && control && accel_on(ACCEL_REMOTE_RELAY) && (handled = remote_peek(fd, marked)) > 0)
         remote_yield(marked, handled); /* nothing urgent left: the jobs go first */
     else if (r > 0)
         wd_urgent_begin();
@@ -727,7 +727,7 @@ static int export_locked(const char *modname)
             return -1;
         }
     }
-    tc_switch_setup(); /* where the switch interval lives (tc_compat.h) */
+    accel_setup(); /* which accelerators are on; the switch interval's address */
     g_moddef.m_name = modname;
     mod = PyModule_Create(&g_moddef);
     if (mod == NULL)

@@ -176,7 +176,7 @@ static int os_place(int place) { return place_move(0, place, NULL); }
  * a fired one, any lock held: if the watchdog `tid` waits on this CPU, move
  * it off (one system call) -- its wake-up at the grace's end, or one the
  * block's exit asks for, would otherwise preempt this very thread, which
- * then waits a tick behind a busy one (measured: ~2 ms). */
+ * then waits a tick behind a busy one. */
 static void os_push_away(pid_t tid, int cpu)
 {
     cpu_set_t set;
@@ -434,7 +434,8 @@ static int timer_set_at(tc_slot *s, uint64_t gen, int64_t at)
  * (tc_watchdog.c: wd_rescue).  Any thread; the slot's thread alive. */
 static void timer_backstop(tc_slot *s, uint64_t gen, int64_t deadline)
 {
-    if (!s->timer_ok || deadline == TC_NEVER || atomic_exchange(&s->backstop_gen, gen) == gen)
+    if (!accel_on(ACCEL_RESCUE) || !s->timer_ok || deadline == TC_NEVER ||
+        atomic_exchange(&s->backstop_gen, gen) == gen)
         return;
     (void)timer_set_at(s, gen, deadline + TC_BACKSTOP_NS); /* failed: no backstop, as before */
 }

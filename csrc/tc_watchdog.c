@@ -105,7 +105,8 @@ static void wd_rescue(tc_slot *s)
 {
     uint64_t gen = atomic_load(&s->backstop_gen);
     unsigned cpu = 0;
-    if (gen == 0 || gen != atomic_load(&s->gen) || atomic_load(&s->state) != SLOT_ARMED ||
+    if (!accel_on(ACCEL_RESCUE) || gen == 0 || gen != atomic_load(&s->gen) ||
+        atomic_load(&s->state) != SLOT_ARMED ||
         atomic_load(&g_wd_seen_at) >= atomic_load(&s->deadline))
         return;
     if (syscall(SYS_getcpu, &cpu, NULL, NULL) != 0)
@@ -382,8 +383,9 @@ static void refresh_switch_interval(void)
         sw = (int64_t)TC_FAST_SWITCH_US * 1000; /* what gil_take() waits */
         margin = TC_LEAD_MARGIN_FAST_NS;
     }
-    int64_t crowd = atomic_load(&g_crowd_ns);
-    atomic_store(&g_lead, sw + margin + (crowd < TC_LEAD_CROWD_MAX_NS ? crowd : TC_LEAD_CROWD_MAX_NS));
+    int64_t crowd = atomic_load(&g_crowd_ns); /* no anticipation: the GIL asked for at the deadline */
+    atomic_store(&g_lead, !accel_on(ACCEL_ANTICIPATION) ? 0
+                          : sw + margin + (crowd < TC_LEAD_CROWD_MAX_NS ? crowd : TC_LEAD_CROWD_MAX_NS));
     atomic_store(&g_switch, sw);
 }
 
@@ -597,12 +599,8 @@ static void wd_urgent_end(void)
  * GIL go, and at the deadline had to win it again -- 1 take in ~15 lasted
  * 3-12 ms at the fast window's 200 us (3.12.1, 3 spinning threads), and
  * most deadlines more than 8 ms late were fired that late.  Busy, it holds
- * the GIL up to the deadline instead and fires on time.  Measured,
- * alternated with the build before, 300 trials a run: mean 1.52 / 1.52 ms
- * against 1.85 / 1.86, p99 12.1 / 14.7 against 16.2 / 16.1 (3.12.1); 1.60
- * / 1.91 against 2.28 / 2.02, p99 11.6 / 13.3 against 21.8 / 14.8
- * (3.13.0); 3.11 (always pre-armed: the decision is only whether to
- * prepare the exception) unchanged.  Spinning for the hand-off as well, to
+ * the GIL up to the deadline instead and fires on time (3.11, always
+ * pre-armed, decides only whether to prepare the exception).  Spinning for the hand-off as well, to
  * take the GIL the moment it is free, won no more of them (the woken
  * waiter still got gil->mutex first) and was not kept. */
 static int gil_busy(tc_slot *s)
@@ -636,7 +634,7 @@ static int gil_take(PyThreadState *ts, tc_slot *s)
 static int wd_prearm(tc_slot *s, uint64_t gen)
 {
     int ok = 0;
-    if (g_hook_mode == HOOK_NONE)
+    if (g_hook_mode == HOOK_NONE || !accel_on(ACCEL_PREARM))
         return 0;
     TC_CORE_BEGIN();
     if (s->alive && atomic_load(&s->gen) == gen && atomic_load(&s->state) == SLOT_ARMED &&
@@ -686,7 +684,7 @@ static void slot_self_prearm(tc_slot *s, int64_t now)
         (void)hook_alarm_follows(s, d);
         return;
     }
-    if (g_hook_mode != HOOK_TRACE || s->pending != NULL ||
+    if (g_hook_mode != HOOK_TRACE || !accel_on(ACCEL_PREARM) || s->pending != NULL ||
         atomic_load(&s->shield) != 0 || atomic_load(&s->state) != SLOT_ARMED ||
         d == TC_NEVER || d - now > atomic_load(&g_lead))
         return;
@@ -712,7 +710,7 @@ static void wd_prepare(tc_slot *s, int64_t deadline)
 {
     PyObject *sc = NULL, *exc;
     uint64_t gen = 0;
-    if (g_exceeded == NULL || deadline - now_ns() <= TC_PREPARE_MIN_LEFT_NS)
+    if (g_exceeded == NULL || !accel_on(ACCEL_PREPARE) || deadline - now_ns() <= TC_PREPARE_MIN_LEFT_NS)
         return; /* building it could outlast the time left */
     {
         TC_CORE_BEGIN();
@@ -892,17 +890,9 @@ static int wd_watch(wd_event ev)
             /* No half-way looks here: the thread holds the GIL, and what
              * the watch has to do next is the prepare, then the spin.  Each
              * look is a wake-up, which on a busy host may preempt the very
-             * thread it watches (or one of the pool's): looks half way to
-             * the spin, 100 us apart at the end, made ~8.5 wake-ups per
-             * fired deadline on 3.13.0, 5.6 without them.  Measured, 4
-             * workers, a 1 ms deadline on every 4th 2 ms task (run_cpu_pool,
-             * 60 rounds a run), alternated with half-way looks: 3.12.1
-             * 0.976 / 0.975 / 0.976x the same work against 0.967 / 0.967 /
-             * 0.969; 3.13.0 0.975 / 0.972 / 0.970 against 0.962 / 0.962 /
-             * 0.970; 3.14.7 0.968 / 0.975 / 0.975 against 0.963 / 0.968 /
-             * 0.966.  Unchanged within the noise: a quiet thread's 1 ms
-             * deadline (p50 14-15 us late), 3 spinning threads' 50 ms
-             * (p50 0.85-0.96 ms against 0.76-0.86).  A thread that lets
+             * thread it watches (or one of the pool's): half-way looks
+             * cost a CPU pool throughput and bought no latency
+             * (benchmarks/bench_contention.py).  A thread that lets
              * the GIL go meanwhile is seen at the prepare's look (off the
              * GIL, above), and a blocking call is knocked loose by its
              * timer's signal at the deadline all the same.  (Not prepared
@@ -966,6 +956,8 @@ static int64_t wd_place(wd_event ev, int64_t wake, int64_t now)
 {
     tc_slot *s = ev.slot;
     int place = atomic_load(&g_place);
+    if (!accel_on(ACCEL_PLACEMENT))
+        return wake;
     if (s != NULL && ev.deadline != TC_NEVER && ev.at == ev.deadline + TC_PREARM_GRACE_NS &&
         atomic_load(&s->prearmed) && atomic_load(&s->state) == SLOT_ARMED) {
         int64_t pin_at = ev.deadline - TC_PIN_AHEAD_NS;
@@ -999,7 +991,8 @@ static int64_t wd_place(wd_event ev, int64_t wake, int64_t now)
  * nothing unless the watchdog waits there). */
 static void wd_step_aside(void)
 {
-    os_push_away((pid_t)atomic_load(&g_wd_tid), sched_getcpu());
+    if (accel_on(ACCEL_PLACEMENT))
+        os_push_away((pid_t)atomic_load(&g_wd_tid), sched_getcpu());
 }
 #endif
 
@@ -1081,7 +1074,7 @@ static void *wd_main(void *arg)
         if (atomic_load(&ev.slot->gen) != ev.gen)
             continue; /* it changed while we looked: plan again */
 #if TC_SELF_FIRE
-        if (atomic_load(&ev.slot->state) == SLOT_ARMED && wd_watch(ev))
+        if (accel_on(ACCEL_SELF_FIRE) && atomic_load(&ev.slot->state) == SLOT_ARMED && wd_watch(ev))
             continue; /* its thread holds the GIL: it fires itself */
 #endif
 

@@ -5,6 +5,7 @@
  * contract is in timeoutcore.h; structs, fields and their locks in
  * tc_internal.h; every CPython-version switch in tc_compat.h.
  *
+ *   tc_accel.c     which latency accelerators are on, and why one is off
  *   tc_os.c        clock, futex, signal handler, per-thread timers, kick
  *   tc_deliver.c   safe delivery: the hook that raises at a line boundary
  *                  outside protected code
@@ -19,6 +20,7 @@
 
 #include "tc_internal.h"
 
+#include "tc_accel.c"
 #include "tc_os.c"
 #include "tc_guarded.c"
 #include "tc_deliver.c"

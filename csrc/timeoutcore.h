@@ -85,7 +85,16 @@
  * CPYTHON INTERNALS
  *   Supported: CPython 3.11-3.14 with the GIL.  Which private fields and
  *   functions are used on which version: tc_compat.h, the only file that
- *   tests PY_VERSION_HEX.
+ *   tests PY_VERSION_HEX but for tc_gil.c (with tc_gil_check.c), the one
+ *   unit built with the internal headers.  Every address that unit uses is
+ *   checked at import against the interpreter's public API; if one fails,
+ *   the accelerators that need them are off and the core runs without them.
+ *
+ * ACCELERATORS
+ *   Every deadline is delivered by the core alone; the latency accelerators
+ *   (tc_accel.h: each, and where it is switched) only make some land
+ *   sooner.  Which are on is decided once at import: what the build
+ *   supports, TIMEOUTCORE_ACCEL (all | none | name,name), the import check.
  *
  * RESOURCES AND THEIR OWNERS
  *   - kernel timer: created with the slot, deleted by the pthread key
@@ -193,6 +202,16 @@ int tc_signal_number(void);
 
 /* Kernel thread id of the watchdog, or 0 when it is not running. */
 int tc_watchdog_tid(void);
+
+/* The latency accelerators (tc_accel.h), decided at tc_export: how many;
+ * the i-th's name; 1 if it is active; why it is off (NULL while active);
+ * TIMEOUTCORE_ACCEL's names that are none of them ("" if none).  Any
+ * thread, after tc_export. */
+int tc_accel_count(void);
+const char *tc_accel_name(int i);
+int tc_accel_active(int i);
+const char *tc_accel_why(int i);
+const char *tc_accel_unknown(void);
 
 /* Benchmark helper: `n` arm+disarm pairs of this thread's kernel timer (what
  * arming at every block entry would cost).  Returns 0 or an errno. */

@@ -1,0 +1,165 @@
+/*
+ * tc_accel.c -- deciding, once at import, which accelerators are on
+ * (tc_accel.h lists them and where each is switched), and saying why one
+ * is off.  Part of the unity build (timeoutcore.c).
+ *
+ * TIMEOUTCORE_ACCEL, read once here: unset, empty or "all" -- every
+ * accelerator this build supports; "none" -- none; else a comma-separated
+ * list of names -- those, and no other.  A name that is none of ours is
+ * reported (tc_accel_unknown: the Python layer warns, naming the valid
+ * ones) and the rest is applied: a typo must not cost an import, and an
+ * environment written for a later version that has more accelerators must
+ * still load.
+ *
+ * The internals (tc_gil.c) are checked, and used, only if an accelerator
+ * that needs them is asked for ("all" does, even on a build where none of
+ * them is supported: safe delivery's hook also reads gc.collecting, and
+ * free-threaded builds have none of those three).  With none asked for,
+ * nothing is read or written through a private address, exactly as after
+ * a failed check: the hook then does without gc.collecting, and an
+ * interrupt it raises inside a finalizer the collector runs is lost there
+ * and sent again at the re-injection (tc_unraisable.c sees it dropped).
+ */
+
+#define TC_ACCEL_WHY_MAX 200
+
+static const char *const g_accel_names[ACCEL_N] = {
+    "anticipation", "fast_window", "self_fire", "prearm",    "sleeping_tracer",
+    "direct_delivery", "prepare", "placement", "rescue", "remote_relay",
+};
+
+/* Off in this build, and why (NULL: supported).  The compile-time
+ * switches are tc_compat.h's. */
+static const char *accel_unsupported(int a)
+{
+    switch (a) {
+    case ACCEL_ANTICIPATION:
+    case ACCEL_FAST_WINDOW:
+    case ACCEL_PREPARE:
+        return TC_FREE_THREADED ? "unsupported on this CPython (free-threaded: no GIL)" : NULL;
+    case ACCEL_SELF_FIRE:
+        return TC_SELF_FIRE ? NULL : "unsupported on this CPython (3.12+ with a GIL only)";
+    case ACCEL_SLEEPING_TRACER:
+        return TC_HOOK_TRACE ? NULL : "unsupported on this CPython (3.11's tracer only)";
+    case ACCEL_DIRECT_DELIVERY:
+        return TC_DIRECT_BACK_EDGE ? NULL : "unsupported on this CPython (3.11 and 3.12 only)";
+    case ACCEL_PLACEMENT:
+        return TC_FREE_THREADED ? NULL : "unsupported on this CPython (free-threaded builds only)";
+    default:
+        return NULL;
+    }
+}
+
+/* Reads or writes CPython internals through tc_gil.c. */
+static int accel_uses_internals(int a)
+{
+    return a == ACCEL_FAST_WINDOW || a == ACCEL_SELF_FIRE || a == ACCEL_DIRECT_DELIVERY;
+}
+
+/* Works only with another one on (-1: none needed).  With a GIL the
+ * pre-arm happens when the watchdog has the GIL ahead of the deadline,
+ * which only anticipation gives it; the sleeping tracer is a pre-arm's. */
+static int accel_needs(int a)
+{
+    if (a == ACCEL_PREARM && !TC_FREE_THREADED)
+        return ACCEL_ANTICIPATION;
+    if (a == ACCEL_SLEEPING_TRACER)
+        return ACCEL_PREARM;
+    return -1;
+}
+
+static const char *g_accel_why[ACCEL_N]; /* NULL while on */
+static char g_accel_failed[TC_ACCEL_WHY_MAX];  /* "failed its import check: ..." */
+static char g_accel_needs_why[ACCEL_N][64];    /* "needs X, which is off" */
+static char g_accel_unknown[256];              /* names none of ours, comma-separated */
+
+/* Which TIMEOUTCORE_ACCEL asks for, into `asked`. */
+static void accel_parse(int asked[ACCEL_N])
+{
+    const char *env = getenv("TIMEOUTCORE_ACCEL");
+    char buf[512], *save = NULL, *tok;
+    size_t len;
+    for (int a = 0; a < ACCEL_N; a++)
+        asked[a] = 1;
+    g_accel_unknown[0] = '\0';
+    if (env == NULL)
+        return;
+    len = strlen(env);
+    if (len >= sizeof(buf))
+        len = sizeof(buf) - 1;
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (char)(env[i] >= 'A' && env[i] <= 'Z' ? env[i] - 'A' + 'a' : env[i]);
+    buf[len] = '\0';
+    tok = buf + strspn(buf, " \t");
+    if (*tok == '\0' || strcmp(tok, "all") == 0)
+        return;
+    for (int a = 0; a < ACCEL_N; a++)
+        asked[a] = 0;
+    if (strcmp(tok, "none") == 0)
+        return;
+    for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+        int found = 0;
+        char *end;
+        tok += strspn(tok, " \t");
+        end = tok + strlen(tok);
+        while (end > tok && (end[-1] == ' ' || end[-1] == '\t'))
+            *--end = '\0';
+        if (*tok == '\0')
+            continue;
+        for (int a = 0; a < ACCEL_N; a++)
+            if (strcmp(tok, g_accel_names[a]) == 0)
+                asked[a] = found = 1;
+        if (!found) {
+            size_t used = strlen(g_accel_unknown);
+            (void)snprintf(g_accel_unknown + used, sizeof(g_accel_unknown) - used, "%s%s",
+                           used > 0 ? "," : "", tok);
+        }
+    }
+}
+
+/* At import (tc_module.c: export_locked), GIL held: decide every flag,
+ * then set up the switch interval's address (tc_compat.h) -- or leave it
+ * unset, which is what turns the fast window off.  Returns 0. */
+static int accel_setup(void)
+{
+    int asked[ACCEL_N], internals = 0, internals_ok = 0;
+    char why[TC_ACCEL_WHY_MAX - 32];
+    accel_parse(asked);
+    for (int a = 0; a < ACCEL_N; a++)
+        if (asked[a] && accel_uses_internals(a)) /* even unsupported: the hook's gc test */
+            internals = 1;
+    why[0] = '\0';
+    if (internals && !(internals_ok = tc_gil_setup(why, sizeof(why))))
+        (void)snprintf(g_accel_failed, sizeof(g_accel_failed), "failed its import check: %s", why);
+    for (int a = 0; a < ACCEL_N; a++) {
+        const char *off = accel_unsupported(a);
+        if (off == NULL && !asked[a])
+            off = "switched off by TIMEOUTCORE_ACCEL";
+        if (off == NULL && accel_uses_internals(a) && !internals_ok)
+            off = g_accel_failed;
+        g_accel_why[a] = off;
+        g_accel_on[a] = off == NULL;
+    }
+    for (int a = 0; a < ACCEL_N; a++) { /* dependencies come earlier in the list */
+        int need = accel_needs(a);
+        if (g_accel_on[a] && need >= 0 && !g_accel_on[need]) {
+            (void)snprintf(g_accel_needs_why[a], sizeof(g_accel_needs_why[a]),
+                           "needs %s, which is off", g_accel_names[need]);
+            g_accel_why[a] = g_accel_needs_why[a];
+            g_accel_on[a] = 0;
+        }
+    }
+    tc_switch_setup(accel_on(ACCEL_FAST_WINDOW));
+    return 0;
+}
+
+/* cffi entry points (timeoutcore.h), any thread, after tc_export. */
+int tc_accel_count(void) { return ACCEL_N; }
+
+const char *tc_accel_name(int i) { return i >= 0 && i < ACCEL_N ? g_accel_names[i] : NULL; }
+
+int tc_accel_active(int i) { return i >= 0 && i < ACCEL_N && g_accel_on[i]; }
+
+const char *tc_accel_why(int i) { return i >= 0 && i < ACCEL_N ? g_accel_why[i] : NULL; }
+
+const char *tc_accel_unknown(void) { return g_accel_unknown; }
