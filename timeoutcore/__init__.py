@@ -16,6 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import _hooks
 from ._engine import ENGINE
+
+if TYPE_CHECKING or ENGINE == "native":  # the two engines' functions have one signature
+    from ._native import accelerators
+else:
+    from ._fallback import accelerators
 from .blocking import acquire, bounded_wait, socket_timeout, wait_readable, wait_writable
 from .errors import DeadlineCancelled, DeadlineExceeded, SoftDeadlineExceeded
 from .patch import is_patched, patch, patched_targets, unpatch
@@ -141,6 +146,7 @@ __all__ = [
     "RunResult",
     "ShutdownHandler",
     "SoftDeadlineExceeded",
+    "accelerators",
     "acquire",
     "active_scopes",
     "bounded_wait",

@@ -43,7 +43,7 @@ import select
 import sys
 import threading
 import time
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, overload
 
 from . import _deferral, _fork, _validate
 from . import _fallback_deliver as _dl
@@ -53,6 +53,26 @@ from .errors import DeadlineExceeded, _DeadlineInterrupt
 NAME = "fallback"
 #: No signal at all: a blocking call is never knocked loose, on any CPython.
 INTERRUPTS_RETRIED_CALLS = False
+
+#: The native core's latency accelerators (csrc/tc_accel.h): none of them exists here.
+_ACCELERATORS = ("anticipation", "fast_window", "self_fire", "prearm", "sleeping_tracer",
+                 "direct_delivery", "prepare", "placement", "rescue", "remote_relay")
+
+
+@overload
+def accelerators(explain: Literal[False] = False) -> dict[str, bool]: ...
+@overload
+def accelerators(explain: Literal[True]) -> dict[str, Optional[str]]: ...
+def accelerators(explain: bool = False) -> "dict[str, bool] | dict[str, Optional[str]]":
+    """The native core's latency accelerators, all off: this is the pure-Python engine.
+
+    The same keys as the native engine's ``accelerators()``; with ``explain=True`` each
+    maps to the reason, "pure-Python engine".
+    """
+    if explain:
+        why: dict[str, Optional[str]] = {name: "pure-Python engine" for name in _ACCELERATORS}
+        return why
+    return dict.fromkeys(_ACCELERATORS, False)
 
 _NEVER = math.inf
 # The watchdog, the thread states and the hookless path's clear live in their own module;

@@ -12,7 +12,7 @@ import atexit
 import os
 import sys
 from types import CodeType, ModuleType
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Optional
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Literal, Optional, overload
 
 from . import _fork
 from .errors import DeadlineExceeded, _DeadlineInterrupt
@@ -92,6 +92,52 @@ remote_disarm: Callable[[Any], bool] = core._remote_disarm
 def remote_arm(scope: Any, token: str) -> None:
     """The C core's remote arm; the token travels as the ASCII bytes it is published as."""
     core._remote_arm(scope, token.encode("ascii"))
+
+
+# --- the latency accelerators (csrc/tc_accel.h), decided once at import -----------------------
+
+
+def _accel_text(p: Any) -> Optional[str]:
+    return None if p == ffi.NULL else str(ffi.string(p).decode())
+
+
+_ACCELERATORS: dict[str, Optional[str]] = {
+    str(_accel_text(lib.tc_accel_name(i))): (
+        None if lib.tc_accel_active(i) else _accel_text(lib.tc_accel_why(i))
+    )
+    for i in range(lib.tc_accel_count())
+}
+
+
+@overload
+def accelerators(explain: Literal[False] = False) -> dict[str, bool]: ...
+@overload
+def accelerators(explain: Literal[True]) -> dict[str, Optional[str]]: ...
+def accelerators(explain: bool = False) -> "dict[str, bool] | dict[str, Optional[str]]":
+    """The core's latency accelerators, name -> whether it is active in this process.
+
+    Decided once, at import, from this CPython (what it supports), ``TIMEOUTCORE_ACCEL``
+    and, for those that use CPython internals, a check of their addresses against the
+    interpreter's public API. With ``explain=True``: name -> ``None`` if active, else why
+    it is off ("unsupported on this CPython (...)", "switched off by TIMEOUTCORE_ACCEL",
+    "failed its import check: ...", "needs <name>, which is off"). Deadlines are delivered
+    with any of them off; each only makes some deadlines land sooner.
+    """
+    if explain:
+        return dict(_ACCELERATORS)
+    return {name: why is None for name, why in _ACCELERATORS.items()}
+
+
+_unknown = _accel_text(lib.tc_accel_unknown())
+if _unknown:
+    import warnings as _warnings
+
+    _warnings.warn(
+        f"TIMEOUTCORE_ACCEL: {_unknown!r} names no accelerator (valid: "
+        f"{', '.join(_ACCELERATORS)}, or 'all' / 'none'); the other names were applied",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 # --- diagnostics of the C core (tests, benchmarks) -------------------------------------------
