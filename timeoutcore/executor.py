@@ -26,7 +26,7 @@ import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, InvalidStateError, ThreadPoolExecutor, wait
 from typing import Any, Callable, Generic, Optional, TypeVar, Union
 
 from . import _validate
@@ -104,6 +104,7 @@ class DeadlineFuture(Future[T], Generic[T]):
         super().__init__()
         self._scope: Any = None  # the running task's scope; None before and after
         self._item: Optional[Future[None]] = None  # done once the worker left the task
+        self._pending: Optional[set[Future[None]]] = None  # the executor's unfinished items
 
     def cancel(self) -> bool:
         """Cancel the task: a queued one never runs, a running one is stopped in its
@@ -158,41 +159,53 @@ class DeadlineFuture(Future[T], Generic[T]):
     def _start(self, scope: Any) -> bool:
         """The worker takes the task: False if it was cancelled while queued (waiters are
         told); else the future is running under ``scope``."""
-        with self._condition:
-            if not self.set_running_or_notify_cancel():
-                return False
-            self._scope = scope
+        # The scope is stored before the state turns RUNNING (under the condition, inside
+        # set_running_or_notify_cancel), so a cancel() that sees RUNNING sees the scope.
+        self._scope = scope
+        if self.set_running_or_notify_cancel():
             return True
+        self._scope = None
+        return False
 
     def _settle(self, result: Any, exc: Optional[BaseException]) -> None:
         """The task's outcome; dropped if the future was cancelled while it ran."""
-        with self._condition:
-            self._scope = None
-            if self._state != _RUNNING:  # cancelled while running
-                return
-        # Outside the condition: set_result/set_exception run the done callbacks. With the
-        # scope dropped, a cancel() from now on returns False and leaves the state alone.
-        if exc is None:
-            self.set_result(result)
-        else:
-            self.set_exception(exc)
+        # With the scope dropped, a cancel() from now on finds RUNNING without a scope and
+        # returns False; one that came first has moved the state on, and the standard
+        # future refuses the outcome (InvalidStateError) -- the task was stopped for it.
+        self._scope = None
+        try:
+            if exc is None:
+                self.set_result(result)
+            else:
+                self.set_exception(exc)
+        except InvalidStateError:  # cancelled while running
+            pass
 
     def _item_done(self, item: Future[None]) -> None:
         """The work item ``item`` is done: the task ran, or the pool dropped it unstarted."""
+        pending = self._pending
+        if pending is not None:
+            pending.discard(item)
         if item.cancelled():  # ThreadPoolExecutor.shutdown(cancel_futures=True) dropped it
             super().cancel()
             self.set_running_or_notify_cancel()
 
 
 class _Running:
-    """The scopes of the tasks running now (what ``shutdown(cancel_after=)`` cancels)."""
+    """The scopes of the tasks running now (what ``shutdown(cancel_after=)`` cancels) and
+    the work items not yet done (what it waits for first)."""
+
+    # Rule: no lock of our own on a task's path. A set's add/discard/copy are atomic (the
+    # GIL; free-threaded, the set's own lock), and run() adds its scope before it reads
+    # `cancelling` while cancel() sets `cancelling` before it copies the set: with the
+    # set's lock ordering the two, either run() sees the cancel or cancel() sees the scope.
+    # Rejected: one lock for both (as before) -- two more lock round trips per task, in a
+    # pool whose every task pays them.
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.scopes: set[Any] = set()
-        self.idle = threading.Condition(self.lock)
+        self.pending: set[Future[None]] = set()  # work items submitted and not done
         self.cancelling: Optional[str] = None  # set: every task is cancelled, new ones too
-        self.unfinished = 0  # futures submitted and not done
 
     def run(self, future: DeadlineFuture[Any], make: Callable[[], Any], fn: Callable[..., Any],
             args: Any, kwargs: Any) -> None:
@@ -203,23 +216,22 @@ class _Running:
         scope = make()
         if not future._start(scope):
             return  # cancelled while queued
-        with self.lock:
-            self.scopes.add(scope)
-            late = self.cancelling is not None
-            if late:
-                scope.cancel(self.cancelling)
+        scopes = self.scopes
+        scopes.add(scope)
+        late = self.cancelling
+        if late is not None:
+            scope.cancel(late)
         try:
             try:
                 with scope:
-                    if late:
+                    if late is not None:
                         # Started after the cancel: it never runs. (The native core raises
                         # before the block's first line anyway; the fallback engine only at
                         # the block's exit, after a quick task has run.)
                         checkpoint()
                     result = fn(*args, **kwargs)
             finally:
-                with self.lock:
-                    self.scopes.discard(scope)
+                scopes.discard(scope)
         except BaseException as exc:  # the task's outcome, as ThreadPoolExecutor keeps it
             future._settle(None, exc)
             del exc  # no cycle through the traceback's frame
@@ -228,38 +240,29 @@ class _Running:
 
     def track(self, item: Future[None], future: DeadlineFuture[Any]) -> None:
         """Count the work item ``item`` of ``future`` as unfinished until it is done (its
-        task has run, or it was dropped unstarted); then ``future`` learns it too. One done
-        callback serves both."""
+        task has run, or it was dropped unstarted); then ``future`` learns it too."""
         future._item = item
-        with self.lock:
-            self.unfinished += 1
-
-        def finished(item: Future[None]) -> None:
-            future._item_done(item)
-            with self.lock:
-                self.unfinished -= 1
-                if not self.unfinished:
-                    self.idle.notify_all()
-
-        item.add_done_callback(finished)
+        future._pending = self.pending
+        self.pending.add(item)
+        item.add_done_callback(future._item_done)
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until every submitted task has finished; False when ``timeout`` passed
         first. (No task running is not enough: a worker may be about to take the next one
-        from the queue.)"""
+        from the queue.) Called once no more tasks can be submitted."""
         end = time.monotonic() + timeout
-        with self.lock:
-            while self.unfinished:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return False
-                self.idle.wait(left)
-        return True
+        while True:
+            items = [item for item in list(self.pending) if not item.done()]
+            if not items:
+                return True
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            wait(items, left)
 
     def cancel(self, reason: str) -> int:
-        with self.lock:
-            self.cancelling = reason
-            scopes = list(self.scopes)
+        self.cancelling = reason
+        scopes = list(self.scopes)
         for scope in scopes:
             scope.cancel(reason)
         return len(scopes)
