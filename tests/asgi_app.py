@@ -21,6 +21,7 @@ import anyio.to_thread
 import psycopg
 from fastapi import Depends, FastAPI
 from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 import timeoutcore
 from timeoutcore.contrib.asgi import DeadlineMiddleware
@@ -30,7 +31,7 @@ timeoutcore.patch()
 
 app = FastAPI()
 app.add_middleware(DeadlineMiddleware, seconds=1.5, soft_limit=0.5,
-                   routes={"/fast": 30.0, "/stats": 30.0, "/roomy": 5.0})
+                   routes={"/fast": 30.0, "/stats": 30.0, "/roomy": 5.0, "/own-timeout": 30.0})
 
 # Endpoints entered, and left however their body ended (_tracked): a stopped request's thread
 # must get there (the stop is an exception in the thread, not an abandoned thread).
@@ -113,6 +114,22 @@ async def async_sleep() -> dict[str, Any]:
     with _tracked("async"):
         await asyncio.sleep(60)
         return {"slept": True}
+
+
+def _sleep_tracked() -> None:
+    with _tracked("own-timeout"):
+        time.sleep(60)
+
+
+@app.get("/own-timeout")
+async def own_timeout() -> dict[str, Any]:
+    # The app's own timeout around a thread call, far inside the request's deadline: the
+    # cancel it makes stops the thread too.
+    try:
+        await asyncio.wait_for(run_in_threadpool(_sleep_tracked), 0.3)
+    except asyncio.TimeoutError:
+        return {"timed_out": True}
+    return {"timed_out": False}
 
 
 @app.get("/roomy")

@@ -158,6 +158,16 @@ def test_every_kind_of_blocked_request_gets_504_at_its_deadline(server: Server,
     assert _pg_connections(postgres_dsn) == 0
 
 
+def test_the_apps_own_timeout_around_a_thread_call_stops_the_thread(server: Server) -> None:
+    before = server.stats()["left"].get("own-timeout", 0)
+    r = httpx.get(f"{server.url}/own-timeout", timeout=60)
+    assert r.status_code == 200 and r.json() == {"timed_out": True}, r.text
+    # Left long before its 60 s sleep or the route's 30 s deadline would end it.
+    stats = _settled(server, {"own-timeout": before + 1})
+    assert stats["left"].get("own-timeout") == before + 1, stats
+    assert stats["borrowed"] == 0, stats
+
+
 def test_a_route_with_a_longer_limit_finishes(server: Server) -> None:
     [(status, text, took)] = _gather(server, ["/roomy"])
     assert status == 200 and "roomy" in text and took >= 2.5

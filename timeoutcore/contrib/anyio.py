@@ -43,7 +43,7 @@ STOP_WAIT = 5.0
 _QUEUED, _RUNNING, _LEFT = 0, 1, 2
 
 # anyio's own function, taken at import: contrib.asgi replaces the module attribute with a
-# wrapper that calls run_in_scope, which must not call that wrapper back.
+# wrapper, which neither this module nor the wrapper itself may call back.
 anyio_run_sync = anyio.to_thread.run_sync
 
 _NO_LIMIT = _factory(None)  # a scope without a deadline of its own, which cancel() can stop
@@ -147,8 +147,7 @@ async def run_sync(fn: Callable[..., T], /, *args: Any, limiter: Optional[anyio.
 async def run_in_scope(fn: Callable[..., T], args: tuple[Any, ...], make: Callable[[], Any], *,
                        limiter: Optional[anyio.CapacityLimiter], stop_wait: float) -> T:
     """:func:`run_sync` with the call's scope made by ``make()`` in the worker thread, and
-    ``stop_wait`` in place of :data:`STOP_WAIT` (what ``contrib.asgi`` runs requests' thread
-    calls with)."""
+    ``stop_wait`` in place of :data:`STOP_WAIT`."""
     if limiter is None:
         limiter = anyio.to_thread.current_default_thread_limiter()
     unbounded = _unbounded_limiter()

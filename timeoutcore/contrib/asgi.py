@@ -15,8 +15,9 @@ How the deadline reaches the threads: the middleware sets a context variable for
 request, and ``anyio.to_thread.run_sync`` -- the one door through which Starlette's
 ``run_in_threadpool``/``iterate_in_threadpool`` and FastAPI's sync endpoints and
 dependencies enter a thread -- is wrapped, once, when the first middleware is built: a call
-made in a request's context runs through :func:`timeoutcore.contrib.anyio.run_in_scope`
-under the request's deadline; any other call goes to anyio's function untouched.
+made in a request's context runs in its thread under the request's own deadline, so the
+thread stops by itself at that deadline and anyio gives the pool token back when the
+thread returns; any other call goes to anyio's function untouched.
 
 Once the response is complete (its last body message sent), the request's deadline is
 lifted: Starlette's background tasks run after that, without it.
@@ -39,7 +40,8 @@ import anyio.to_thread
 from .. import _validate
 from ..errors import DeadlineExceeded
 from ..scope import thread_deadline_at
-from .anyio import anyio_run_sync, run_in_scope
+from ._loop_deadlines import Entry, LoopDeadlines
+from .anyio import anyio_run_sync
 
 T = TypeVar("T")
 
@@ -55,24 +57,28 @@ log = logging.getLogger("timeoutcore")
 class _Request:
     """The deadline of the request being served, as the context variable carries it."""
 
-    __slots__ = ("deadline", "label", "active", "timer")
+    __slots__ = ("deadline", "label", "active", "lift", "entry", "deadlines", "hit")
 
     def __init__(self, deadline: float, label: str) -> None:
         self.deadline = deadline  # time.monotonic()
         self.label = label  # "GET /path": the scope label of its thread calls
         self.active = True  # False once the response is complete
-        self.timer: Any = None  # the asyncio.Timeout or anyio.CancelScope of the request
+        # Lifts the loop-side deadline once the response is complete (set by the backend).
+        self.lift: Callable[[], None] = _nothing
+        # asyncio: the request's loop-side deadline (None on other backends).
+        self.entry: Optional[Entry] = None
+        self.deadlines: Optional[LoopDeadlines] = None
+        self.hit = False  # a thread call was stopped by this request's deadline
 
-    def lift(self) -> None:
-        """The response is complete: no deadline for what the request still runs."""
-        self.active = False
-        if isinstance(self.timer, anyio.CancelScope):
-            self.timer.deadline = math.inf
-        elif self.timer is not None:
-            self.timer.reschedule(None)
 
-    def scope(self) -> Any:
-        return thread_deadline_at(self.deadline, label=self.label)
+def _nothing() -> None:
+    pass
+
+
+def _is_request_deadline(request: _Request) -> bool:
+    """The app raised DeadlineExceeded: is it the request's deadline? (A thread call's
+    scope can end before the loop's timer fires.) Else it is one of the app's own."""
+    return request.hit or (request.active and time.monotonic() >= request.deadline)
 
 
 _current: contextvars.ContextVar[Optional[_Request]] = contextvars.ContextVar(
@@ -81,13 +87,51 @@ _current: contextvars.ContextVar[Optional[_Request]] = contextvars.ContextVar(
 _installed = False
 
 
-def _install_carrier(stop_wait: float) -> None:
+class _ThreadCall:
+    """One thread call of a request: its scope once the thread has made it, and whether the
+    caller was cancelled (by something other than the request's deadline)."""
+
+    __slots__ = ("scope", "cancelled")
+
+    def __init__(self) -> None:
+        self.scope: Any = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        # Rule: the flag is set before the scope is read, and the thread stores the scope
+        # before it reads the flag, so one of the two sees the other. A thread that
+        # misses it all the same (free-threaded, where the two are not ordered) runs on to
+        # the request's deadline, which still stops it.
+        self.cancelled = True
+        scope = self.scope
+        if scope is not None:
+            scope.cancel("request cancelled")
+
+
+def _run_in_request(request: _Request, call: _ThreadCall, func: Callable[..., Any],
+                    args: tuple[Any, ...]) -> Any:
+    """In the worker thread: ``func(*args)`` under the request's deadline."""
+    scope = thread_deadline_at(request.deadline, label=request.label)
+    call.scope = scope
+    if call.cancelled:  # the caller is gone: func never starts
+        return None
+    try:
+        with scope:
+            return func(*args)
+    except DeadlineExceeded as exc:
+        if exc.scope is scope and not scope.cancelled():
+            request.hit = True  # read by the loop after the await returned
+        raise
+    return None  # not reached: the scope raises what ends the block
+
+
+def _install_carrier() -> None:
     """Wrap ``anyio.to_thread.run_sync`` (once per process) so that calls made in a
     request's context run under its deadline."""
     global _installed
     if _installed:
         return
-    original = anyio_run_sync
+    original = anyio_run_sync  # anyio's own, whatever wrapped the module attribute since
 
     @functools.wraps(original)
     async def run_sync(func: Callable[..., T], *args: Any, abandon_on_cancel: bool = False,
@@ -97,9 +141,31 @@ def _install_carrier(stop_wait: float) -> None:
         if request is None or not request.active:
             return await original(func, *args, abandon_on_cancel=abandon_on_cancel,
                                   cancellable=cancellable, limiter=limiter)
-        # abandon_on_cancel is moot here: a cancelled call is stopped, not left running.
-        return await run_in_scope(func, args, request.scope, limiter=limiter,
-                                  stop_wait=stop_wait)
+        # abandon_on_cancel is moot here: the call's thread stops at the request's deadline
+        # by itself, and anyio's shielded await gives the token back once it has. Rejected:
+        # contrib.anyio.run_in_scope (a cancel from the loop stops the thread, the token is
+        # taken on the call's behalf) -- its second limiter, lock and bookkeeping cost
+        # more per request than the rest of the middleware together.
+        call = _ThreadCall()
+        entry = request.entry
+        if entry is not None:
+            entry.busy += 1
+        try:
+            result: T = await original(_run_in_request, request, call, func, args,
+                                       limiter=limiter)
+            return result
+        except anyio.get_cancelled_exc_class():
+            # A cancel other than the request's deadline (held back while busy), e.g. an
+            # asyncio.wait_for of the app's own: stop the thread too. anyio has given the
+            # token back already, as it does for any native cancel.
+            call.cancel()
+            raise
+        finally:
+            if entry is not None:
+                entry.busy -= 1
+                if not request.hit:
+                    assert request.deadlines is not None
+                    request.deadlines.release(entry)
 
     # Starlette and FastAPI look the function up on the module at every call
     # (anyio.to_thread.run_sync), which is what makes wrapping it there enough.
@@ -133,9 +199,10 @@ class DeadlineMiddleware:
     before a response has started (default 504), with ``body`` as ``text/plain``.
     ``routes``: per path-prefix limits, the longest matching prefix wins (``None``: no
     deadline for those paths), e.g. ``{"/reports": 30.0, "/stream": None}``.
-    ``stop_wait``: how long a stopped request waits for its threads to leave the endpoint
-    before the response goes out (a thread blocked where no interrupt reaches it keeps its
-    pool token until it is free all the same).
+    ``stop_wait``: how long past its deadline a request waits for its threads to leave the
+    endpoint (they stop by themselves at the deadline) before it is cancelled and the
+    response goes out regardless; a thread blocked where no interrupt reaches it (C code
+    holding the GIL) goes on running, and on asyncio anyio gives its pool token back then.
 
     Non-HTTP scopes (websocket, lifespan) pass through untouched.
     """
@@ -161,7 +228,8 @@ class DeadlineMiddleware:
         self.routes = _limits(routes)
         self.stop_wait = _validate.seconds(stop_wait, "DeadlineMiddleware", "stop_wait",
                                            allow_zero=True)
-        _install_carrier(self.stop_wait)
+        self._deadlines: Optional[LoopDeadlines] = None  # asyncio: the serving loop's
+        _install_carrier()
 
     def limit_for(self, path: str) -> Optional[float]:
         """The limit in seconds for a request to ``path`` (None: no deadline)."""
@@ -190,7 +258,8 @@ class DeadlineMiddleware:
             if kind == "http.response.start":
                 started = True
             elif kind == "http.response.body" and not message.get("more_body", False):
-                request.lift()  # complete: what follows runs without the deadline
+                request.active = False  # complete: what follows runs without the deadline
+                request.lift()
             await send(message)
 
         token = _current.set(request)
@@ -223,37 +292,56 @@ class DeadlineMiddleware:
         """Run the app until it returns or ``limit`` passes; True if the deadline stopped it
         (an exception of the app's own propagates)."""
         try:
-            asyncio.get_running_loop()
+            loop = asyncio.get_running_loop()
         except RuntimeError:  # another backend (trio)
-            with anyio.CancelScope(deadline=anyio.current_time() + limit) as cancel_scope:
-                request.timer = cancel_scope
-                stopped = await self._app_or_deadline(scope, receive, send, request)
-            return stopped or cancel_scope.cancelled_caught
-        # On asyncio, asyncio.timeout: the cancel reaches anyio code as a native cancel,
-        # which anyio treats like its own. Rejected: anyio.CancelScope there too -- entering
-        # and leaving one cost several times the rest of the middleware.
-        timeout = asyncio.timeout(limit)
-        request.timer = timeout
-        try:
-            async with timeout:
-                stopped = await self._app_or_deadline(scope, receive, send, request)
-        except TimeoutError:
-            if not timeout.expired():
-                raise  # the app's own
-            return True
-        return stopped or timeout.expired()
-
-    async def _app_or_deadline(self, scope: Scope, receive: Receive, send: Send,
-                               request: _Request) -> bool:
+            return await self._guarded_anyio(scope, receive, send, request, limit)
+        # On asyncio, one timer for all requests (_loop_deadlines): the cancel reaches
+        # anyio code as a native cancel, which anyio treats like its own. Rejected:
+        # anyio.CancelScope -- entering and leaving one cost several times the rest of the
+        # middleware; asyncio.timeout -- see _loop_deadlines.
+        deadlines = self._deadlines
+        if deadlines is None or deadlines.loop is not loop:
+            deadlines = self._deadlines = LoopDeadlines(loop, self.stop_wait)
+        task = asyncio.current_task()
+        assert task is not None  # an ASGI server runs each request in a task
+        entry = deadlines.add(loop.time() + limit, task)
+        request.entry = entry
+        request.deadlines = deadlines
+        request.lift = functools.partial(deadlines.end, entry)
+        # Rule: settle() runs exactly once, whatever way the app ends: it takes back the
+        # deadline's cancel request (as asyncio.timeout's exit does).
         try:
             await self.app(scope, receive, send)
+        except asyncio.CancelledError:
+            if deadlines.settle(entry):
+                return True
+            raise
         except DeadlineExceeded:
-            # A thread call's own timer can fire just before the loop's timer: the request's
-            # deadline, not one of the app's own.
-            if not request.active or time.monotonic() < request.deadline:
+            if deadlines.settle(entry) or _is_request_deadline(request):
+                return True
+            raise
+        except BaseException:
+            deadlines.settle(entry)
+            raise
+        expired = entry.expired  # the app itself swallowed the deadline's cancel
+        deadlines.settle(entry)
+        return expired
+
+    async def _guarded_anyio(self, scope: Scope, receive: Receive, send: Send,
+                             request: _Request, limit: float) -> bool:
+        with anyio.CancelScope(deadline=anyio.current_time() + limit) as cancel_scope:
+
+            def lift() -> None:
+                cancel_scope.deadline = math.inf
+
+            request.lift = lift
+            try:
+                await self.app(scope, receive, send)
+            except DeadlineExceeded:
+                if _is_request_deadline(request):
+                    return True
                 raise
-            return True
-        return False
+        return cancel_scope.cancelled_caught
 
     def _soft_timer(self, label: str) -> Any:
         if self.soft_limit is None:
