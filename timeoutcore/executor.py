@@ -71,6 +71,7 @@ def _factory(policy: Optional[DeadlinePolicy]) -> Callable[[], Any]:
 
 # The states of concurrent.futures.Future, stable since Python 3.2 and read by its
 # module-level wait()/as_completed() through the same private fields used below.
+_PENDING = "PENDING"
 _RUNNING = "RUNNING"
 _CANCELLED = "CANCELLED"
 _CANCELLED_AND_NOTIFIED = "CANCELLED_AND_NOTIFIED"
@@ -186,7 +187,11 @@ class DeadlineFuture(Future[T], Generic[T]):
         pending = self._pending
         if pending is not None:
             pending.discard(item)
-        if item.cancelled():  # ThreadPoolExecutor.shutdown(cancel_futures=True) dropped it
+        # A task that ran has moved its future past PENDING/CANCELLED in run(), which
+        # returned before its work item was done, so no lock is needed to tell; the state
+        # is left there only when ThreadPoolExecutor.shutdown(cancel_futures=True) dropped
+        # the item unstarted, and then waiters must be told here.
+        if self._state in (_PENDING, _CANCELLED):
             super().cancel()
             self.set_running_or_notify_cancel()
 
