@@ -250,7 +250,7 @@ class DeadlineMiddleware:
         begun = time.monotonic()
         request = _Request(begun + limit, label)
         started = False
-        soft = self._soft_timer(label)
+        soft = None if self.soft_limit is None else self._soft_timer(label)
 
         async def guarded_send(message: Message) -> None:
             nonlocal started
@@ -264,7 +264,41 @@ class DeadlineMiddleware:
 
         token = _current.set(request)
         try:
-            stopped = await self._guarded(scope, receive, guarded_send, request, limit)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # another backend (trio)
+                stopped = await self._guarded_anyio(scope, receive, guarded_send, request,
+                                                    limit)
+            else:
+                # Inline rather than a coroutine of its own: every layer of the await chain
+                # runs again at each of the request's suspensions.
+                deadlines = self._deadlines
+                if deadlines is None or deadlines.loop is not loop:
+                    deadlines = self._deadlines = LoopDeadlines(loop, self.stop_wait)
+                task = asyncio.current_task()
+                assert task is not None  # an ASGI server runs each request in a task
+                entry = deadlines.add(loop.time() + limit, task)
+                request.entry = entry
+                request.deadlines = deadlines
+                request.lift = functools.partial(deadlines.end, entry)
+                # Rule: settle() runs exactly once, whatever way the app ends: it takes back
+                # the deadline's cancel request (as asyncio.timeout's exit does).
+                try:
+                    await self.app(scope, receive, guarded_send)
+                except asyncio.CancelledError:
+                    if not deadlines.settle(entry):
+                        raise
+                    stopped = True
+                except DeadlineExceeded:
+                    if not (deadlines.settle(entry) or _is_request_deadline(request)):
+                        raise
+                    stopped = True
+                except BaseException:
+                    deadlines.settle(entry)
+                    raise
+                else:
+                    stopped = entry.expired  # the app itself swallowed the deadline's cancel
+                    deadlines.settle(entry)
         finally:
             _current.reset(token)
             if soft is not None:
@@ -272,8 +306,11 @@ class DeadlineMiddleware:
         if self.soft_limit is not None and soft is None and \
                 time.monotonic() - begun >= self.soft_limit:
             self._warn_soft(label)
-        if not stopped:
-            return
+        if stopped:
+            await self._stopped(send, label, limit, started)
+
+    async def _stopped(self, send: Send, label: str, limit: float, started: bool) -> None:
+        """The deadline stopped the request: answer ``status``, or cut the response off."""
         if started:
             # Cut off: returning without the last body message makes the server close the
             # connection, so the client cannot take the response for a whole one.
@@ -287,48 +324,12 @@ class DeadlineMiddleware:
                                 (b"content-length", str(len(self.body)).encode())]})
         await send({"type": "http.response.body", "body": self.body})
 
-    async def _guarded(self, scope: Scope, receive: Receive, send: Send, request: _Request,
-                       limit: float) -> bool:
-        """Run the app until it returns or ``limit`` passes; True if the deadline stopped it
-        (an exception of the app's own propagates)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # another backend (trio)
-            return await self._guarded_anyio(scope, receive, send, request, limit)
-        # On asyncio, one timer for all requests (_loop_deadlines): the cancel reaches
-        # anyio code as a native cancel, which anyio treats like its own. Rejected:
-        # anyio.CancelScope -- entering and leaving one cost several times the rest of the
-        # middleware; asyncio.timeout -- see _loop_deadlines.
-        deadlines = self._deadlines
-        if deadlines is None or deadlines.loop is not loop:
-            deadlines = self._deadlines = LoopDeadlines(loop, self.stop_wait)
-        task = asyncio.current_task()
-        assert task is not None  # an ASGI server runs each request in a task
-        entry = deadlines.add(loop.time() + limit, task)
-        request.entry = entry
-        request.deadlines = deadlines
-        request.lift = functools.partial(deadlines.end, entry)
-        # Rule: settle() runs exactly once, whatever way the app ends: it takes back the
-        # deadline's cancel request (as asyncio.timeout's exit does).
-        try:
-            await self.app(scope, receive, send)
-        except asyncio.CancelledError:
-            if deadlines.settle(entry):
-                return True
-            raise
-        except DeadlineExceeded:
-            if deadlines.settle(entry) or _is_request_deadline(request):
-                return True
-            raise
-        except BaseException:
-            deadlines.settle(entry)
-            raise
-        expired = entry.expired  # the app itself swallowed the deadline's cancel
-        deadlines.settle(entry)
-        return expired
-
     async def _guarded_anyio(self, scope: Scope, receive: Receive, send: Send,
                              request: _Request, limit: float) -> bool:
+        """Other backends (trio): the app under an anyio CancelScope; True if the deadline
+        stopped it (an exception of the app's own propagates). Rejected on asyncio:
+        anyio.CancelScope -- entering and leaving one cost several times the rest of the
+        middleware; an asyncio.timeout per request -- see _loop_deadlines."""
         with anyio.CancelScope(deadline=anyio.current_time() + limit) as cancel_scope:
 
             def lift() -> None:
