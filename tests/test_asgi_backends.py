@@ -13,16 +13,20 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import pytest
-from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
-import timeoutcore
-from timeoutcore.contrib.asgi import DeadlineMiddleware
+pytest.importorskip("anyio")
+pytest.importorskip("starlette")
+
+import anyio  # noqa: E402
+import anyio.to_thread  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
+from starlette.responses import JSONResponse  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+import timeoutcore  # noqa: E402
+from timeoutcore.contrib.asgi import DeadlineMiddleware  # noqa: E402
 
 
 def _backends() -> list[str]:
