@@ -37,6 +37,13 @@ native_only = pytest.mark.skipif(
 HAMMER = Path(__file__).with_name("integrity_hammer.py")
 
 
+def accelerated(name: str) -> pytest.MarkDecorator:
+    """For a test of one accelerator's mechanism (it reads that accelerator's counters):
+    skipped where the accelerator is off (TIMEOUTCORE_ACCEL, or this CPython)."""
+    return pytest.mark.skipif(not timeoutcore.accelerators()[name],
+                              reason=f"reads the {name} accelerator's counters; it is off")
+
+
 def _hammer(switch: str | None, seed: int) -> dict[str, Any]:
     cmd = [sys.executable, str(HAMMER), "--tasks", "3000", "--seed", str(seed),
            "--hang-after", "60"]
@@ -831,7 +838,8 @@ def test_the_executor_reports_deadline_exceeded_for_a_call_that_outlasts_it() ->
 
 # -- direct delivery at a back-edge (3.11, 3.12) ------------------------------------------------
 
-DIRECT = sys.version_info < (3, 13) and not FREE_THREADED
+#: switched off (TIMEOUTCORE_ACCEL) the hook delivers instead, as on 3.13+
+DIRECT = timeoutcore.accelerators()["direct_delivery"]
 
 
 def _cancelled_at_back_edge(shape: str, lock: threading.Lock) -> list[str]:
@@ -943,6 +951,7 @@ def test_no_interrupt_lands_in_a_finalizer_the_collector_runs() -> None:
 @native_only
 @pytest.mark.skipif(sys.version_info < (3, 12) or FREE_THREADED,
                     reason="the self-fire: 3.12+ with a GIL")
+@accelerated("self_fire")
 def test_a_thread_that_fires_itself_never_raises_inside_protected_code() -> None:
     """A thread that holds the GIL at its deadline runs the watchdog's pending call at its
     next eval-breaker check, wherever that is (csrc/tc_deliver.c: pc_fire). Inside a
@@ -978,6 +987,7 @@ def _protected_spin_noted(seconds: float, calls: list[int], returned: list[int])
 @native_only
 @pytest.mark.skipif(sys.version_info < (3, 12) or FREE_THREADED,
                     reason="the self-fire: 3.12+ with a GIL")
+@accelerated("self_fire")
 def test_a_deferred_self_fire_keeps_one_pending_call_queued() -> None:
     """While protected code holds the interrupt back, the pending call keeps asking to run
     again -- as one call: the watchdog queues it once, not again at every look (calls that
