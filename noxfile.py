@@ -168,6 +168,30 @@ FALLBACK_TESTS = [
 ]
 
 
+#: The part of the suite that pins the core's behaviour -- scopes, delivery, the race and
+#: integrity hammers, patched blocking calls, cancels -- run once more by the ``core``
+#: session with every latency accelerator switched off (TIMEOUTCORE_ACCEL=none): the core
+#: must be correct on its own.
+CORE_TESTS = [
+    "tests/test_scope.py",
+    "tests/test_integrity.py",
+    "tests/test_race.py",
+    "tests/test_patch.py",
+    "tests/test_patch_socket_stops.py",
+    "tests/test_cancel.py",
+    "tests/test_accelerators.py",
+]
+
+
+@nox.session(python="3.13")
+def core(session: nox.Session) -> None:
+    """The core alone: :data:`CORE_TESTS` with ``TIMEOUTCORE_ACCEL=none`` on 3.13 (the
+    newest required CPython, where most accelerators exist), against the installed build."""
+    _install_project(session, ".[test]")
+    session.run("pytest", *CORE_TESTS, "-q", *session.posargs,
+                env={"TIMEOUTCORE_ACCEL": "none"})
+
+
 #: Run in the ``fallback`` session's venv: passes only where ``timeoutcore`` was imported
 #: from a build without the C core and the default engine choice picked the pure-Python one.
 CHECK_PURE = (
