@@ -58,12 +58,13 @@ static int accel_uses_internals(int a)
 
 /* Works only with another one on (-1: none needed).  With a GIL the
  * pre-arm happens when the watchdog has the GIL ahead of the deadline,
- * which only anticipation gives it; the sleeping tracer is a pre-arm's. */
+ * which only anticipation gives it; the sleeping tracer and the placement
+ * are for pre-armed slots. */
 static int accel_needs(int a)
 {
     if (a == ACCEL_PREARM && !TC_FREE_THREADED)
         return ACCEL_ANTICIPATION;
-    if (a == ACCEL_SLEEPING_TRACER)
+    if (a == ACCEL_SLEEPING_TRACER || a == ACCEL_PLACEMENT)
         return ACCEL_PREARM;
     return -1;
 }

@@ -91,6 +91,14 @@ print(json.dumps(out))
 """
 
 
+def accelerated(name: str) -> pytest.MarkDecorator:
+    """For a test of one accelerator's mechanism (it reads that accelerator's counters), in
+    any test module: skipped where that accelerator is off (TIMEOUTCORE_ACCEL, this CPython,
+    the pure-Python engine), saying which."""
+    return pytest.mark.skipif(not timeoutcore.accelerators()[name],
+                              reason=f"reads the {name} accelerator's counters; it is off")
+
+
 def supported() -> set[str]:
     """The accelerators this CPython supports, whatever this process's TIMEOUTCORE_ACCEL."""
     why = timeoutcore.accelerators(explain=True)

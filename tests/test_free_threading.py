@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from conftest import FREE_THREADED
+from test_accelerators import accelerated
 
 import timeoutcore
 from timeoutcore import DeadlineCancelled, DeadlineExceeded
@@ -234,6 +235,7 @@ def _spin_until_expired(scope: Any) -> None:
 @pytest.mark.skipif(not FREE_THREADED, reason="a free-threaded CPython only")
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs two CPUs to move between")
+@accelerated("placement")
 def test_the_watchdog_awaits_a_deadline_on_the_threads_cpu_then_goes_back() -> None:
     from timeoutcore import _native
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import pytest
 from conftest import FREE_THREADED, LATE, burn, in_thread
+from test_accelerators import accelerated
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded
@@ -35,13 +36,6 @@ native_only = pytest.mark.skipif(
 )
 
 HAMMER = Path(__file__).with_name("integrity_hammer.py")
-
-
-def accelerated(name: str) -> pytest.MarkDecorator:
-    """For a test of one accelerator's mechanism (it reads that accelerator's counters):
-    skipped where the accelerator is off (TIMEOUTCORE_ACCEL, or this CPython)."""
-    return pytest.mark.skipif(not timeoutcore.accelerators()[name],
-                              reason=f"reads the {name} accelerator's counters; it is off")
 
 
 def _hammer(switch: str | None, seed: int) -> dict[str, Any]:

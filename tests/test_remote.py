@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from conftest import FREE_THREADED, burn
+from test_accelerators import accelerated
 
 import timeoutcore
 from timeoutcore import DeadlineCancelled, DeadlineExceeded
@@ -105,6 +106,7 @@ def _deliver(b: socket.socket) -> bool:
 
 
 @pytest.mark.parametrize("head", [b"*", b">"], ids=["resp2", "resp3"])
+@accelerated("remote_relay")
 def test_a_cancel_on_the_socket_stops_its_job_as_cancel_would(
         pair: tuple[socket.socket, socket.socket], head: bytes) -> None:
     """The job stops with DeadlineCancelled (status ``cancelled``); the message stays on
@@ -124,6 +126,7 @@ def test_a_cancel_on_the_socket_stops_its_job_as_cancel_would(
     assert b.recv(4096) == message  # peeked, never consumed
 
 
+@accelerated("remote_relay")
 def test_a_job_asleep_in_the_core_is_woken(pair: tuple[socket.socket, socket.socket]) -> None:
     a, b = pair
     token = uuid.uuid4().hex
@@ -136,6 +139,7 @@ def test_a_job_asleep_in_the_core_is_woken(pair: tuple[socket.socket, socket.soc
     assert job.stopped_at is not None and job.stopped_at - t0 < 1.0
 
 
+@accelerated("remote_relay")
 def test_one_read_cancels_every_job_it_names(pair: tuple[socket.socket, socket.socket]) -> None:
     a, b = pair
     jobs = [Job(uuid.uuid4().hex) for _ in range(3)]
@@ -180,6 +184,7 @@ def test_what_is_not_a_complete_cancel_for_an_armed_token_changes_nothing(
     assert type(job.error) is DeadlineExceeded  # its own deadline, 0.3 s
 
 
+@accelerated("remote_relay")
 def test_a_mark_for_a_scope_that_has_left_does_not_touch_the_next_one(
         pair: tuple[socket.socket, socket.socket]) -> None:
     """The cancel can be read between a scope's exit and its disarm (the registry disarms in
@@ -221,6 +226,8 @@ def test_a_mark_for_a_scope_that_has_left_does_not_touch_the_next_one(
 
 @pytest.mark.skipif(sys.version_info < (3, 12) or FREE_THREADED,
                     reason="pending calls in any thread: 3.12+ with a GIL")
+@accelerated("remote_relay")
+@accelerated("self_fire")
 def test_next_to_busy_threads_the_gils_holder_fires_the_cancel(
         pair: tuple[socket.socket, socket.socket]) -> None:
     """A job that waits for the GIL when its cancel is read: the watchdog does not queue

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from conftest import FREE_THREADED, LATE, burn, settled_interval
+from test_accelerators import accelerated
 
 import timeoutcore
 from timeoutcore import DeadlineExceeded
@@ -36,8 +37,10 @@ with_gil = pytest.mark.skipif(FREE_THREADED, reason="no GIL: no switch interval 
 PREARM_LEAD = 0.010 if FREE_THREADED else 200e-6 + 800e-6
 #: 3.12+ with a GIL, a thread that holds the GIL when the watchdog would anticipate its
 #: deadline fires it itself instead (csrc/tc_watchdog.c: the self-fire); the hook is
-#: pre-armed for a thread that does not -- here, one asleep at that moment.
-SELF_FIRE = sys.version_info >= (3, 12) and not FREE_THREADED
+#: pre-armed for a thread that does not -- here, one asleep at that moment. (Where the
+#: self_fire accelerator is off -- TIMEOUTCORE_ACCEL -- the watchdog fires the usual way.)
+SELF_FIRE = (sys.version_info >= (3, 12) and not FREE_THREADED
+             and timeoutcore.accelerators()["self_fire"])
 
 
 def _asleep_past_the_lead(scope: timeoutcore.DeadlineScope) -> None:
@@ -55,6 +58,7 @@ def _expected_anticipation(crowd: float) -> tuple[float, float, float]:
     return min(interval, 200e-6) + margin + min(crowd, 3e-3), min(interval, 200e-6), crowd
 
 
+@accelerated("anticipation")
 def test_anticipation_follows_the_switch_interval() -> None:
     """The watchdog asks for the GIL one switch interval + a margin early. It lowers the
     interval to 200 us while it waits (the fast window, every CPython with a GIL), so it
@@ -149,6 +153,7 @@ def _in_window(set_to: "float | None" = None) -> float:
 
 
 @with_gil
+@accelerated("fast_window")
 def test_the_switch_interval_is_lowered_while_a_deadline_is_due_and_put_back() -> None:
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.005)
@@ -162,6 +167,7 @@ def test_the_switch_interval_is_lowered_while_a_deadline_is_due_and_put_back() -
 
 
 @with_gil
+@accelerated("fast_window")
 def test_a_switch_interval_set_during_the_window_is_kept() -> None:
     before = sys.getswitchinterval()
     sys.setswitchinterval(0.005)
@@ -176,6 +182,7 @@ def test_a_switch_interval_set_during_the_window_is_kept() -> None:
 
 
 @with_gil
+@accelerated("fast_window")
 def test_an_interval_saved_and_restored_inside_the_window_is_the_windows() -> None:
     """Code that saves sys.getswitchinterval() inside the window and restores it there writes
     the window's value back -- as 199 us (sys reads 200 us as 0.00019999999999999998 and
@@ -284,6 +291,7 @@ print(opened, float(os.read(r, 100)) if opened is not None else "never")
 
 
 @with_gil
+@accelerated("fast_window")
 def test_a_child_forked_inside_the_window_gets_the_users_interval(tmp_path: Path) -> None:
     import subprocess
 
@@ -304,6 +312,7 @@ def _stats() -> dict[str, int]:
     return _native.stats()
 
 
+@accelerated("prearm")
 def test_a_prearmed_thread_fires_its_own_deadline() -> None:
     """Ahead of the deadline the watchdog arms the hook and lets the thread run on; the
     thread fires the deadline itself at its first line past it, waiting neither for the
@@ -328,6 +337,7 @@ def test_a_prearmed_thread_fires_its_own_deadline() -> None:
 
 @pytest.mark.skipif(not SELF_FIRE, reason="3.12+ with a GIL (3.11 runs pending calls in "
                     "the main thread only)")
+@accelerated("self_fire")
 def test_a_thread_holding_the_gil_at_its_deadline_fires_it_itself() -> None:
     """A thread that holds the GIL when its deadline comes is stopped without the GIL
     changing hands: the watchdog queues a pending call, which the thread runs at its next
@@ -363,6 +373,7 @@ def _running_watchdog() -> int:
 
 
 @pytest.mark.skipif(not SELF_FIRE, reason="3.12+ with a GIL (the self-fire's watch)")
+@accelerated("self_fire")
 def test_the_watchdog_never_spins_on_the_watched_threads_cpu() -> None:
     """Before a deadline of a thread that holds the GIL, the watchdog spins its last
     0.1 ms to queue the self-fire on time -- on another CPU. On the thread's own CPU the
@@ -464,6 +475,7 @@ def test_a_loop_written_in_the_block_itself_is_stopped_and_its_exits_run(shape: 
     assert after["hooked_now"] == 0
 
 
+@accelerated("prearm")
 def test_a_block_that_ends_after_the_prearm_leaves_no_hook_armed() -> None:
     """A block that ends between the pre-arm and its deadline takes the armed hook back
     at its exit (it would otherwise slow the thread, and on 3.12+ every thread, from then
@@ -510,6 +522,7 @@ def _count(seconds: float, cell: list[int]) -> None:
 
 
 @pytest.mark.skipif(not TRACER_SLEEPS, reason="3.11's per-thread tracer")
+@accelerated("sleeping_tracer")
 def test_a_prearmed_tracer_sleeps_until_the_deadline() -> None:
     """With a tracer set, 3.11 sends every instruction of the thread down its tracing path:
     a CPU loop runs at about a quarter of its speed. So the tracer a pre-arm puts in place
@@ -550,6 +563,7 @@ def test_a_prearmed_tracer_sleeps_until_the_deadline() -> None:
 
 @pytest.mark.skipif(not TRACER_SLEEPS, reason="3.11's per-thread tracer")
 @pytest.mark.parametrize("shape", ["loop", "called from C"])
+@accelerated("sleeping_tracer")
 def test_a_sleeping_tracer_is_woken_at_the_deadline(shape: str) -> None:
     """At the deadline the thread's own timer signal wakes its tracer -- in the innermost
     eval loop, which may be one that C code called (map() calling a Python function: a
@@ -656,6 +670,7 @@ def _prepared_by_deadline(scope: timeoutcore.DeadlineScope) -> bool:
     return True
 
 
+@accelerated("prepare")
 def test_the_watchdog_prepares_the_exception_and_the_exit_takes_its_figures_again() -> None:
     """Ahead of a deadline the watchdog builds the scope's DeadlineExceeded (built at the
     exit, after a long spin, its code is cold); the exit runs its constructor again, so the
@@ -689,6 +704,7 @@ def test_the_watchdog_prepares_the_exception_and_the_exit_takes_its_figures_agai
 
 
 @with_gil
+@accelerated("prepare")
 def test_a_prepared_exception_follows_a_reschedule_and_a_cancel() -> None:
     """A reschedule (and so a cancel) drops what the watchdog prepared for the old
     deadline; and a scope found cancelled at its exit gets a DeadlineCancelled, never the
@@ -750,6 +766,7 @@ def test_the_watchdog_runs_with_a_short_time_slice() -> None:
     assert (_slice_ns(threading.get_native_id()) or 0) > 100_000
 
 
+@accelerated("prearm")
 def test_the_prearm_lead_follows_the_cost_of_switching_events() -> None:
     """Free-threaded, the watchdog pre-arms twice the recent cost of switching the
     delivery events on (a stop of the world) ahead, 10 to 50 ms; with a GIL it pre-arms
@@ -788,6 +805,7 @@ for _ in range(n):
 
 
 @with_gil
+@accelerated("fast_window")
 def test_a_thread_woken_by_its_fd_takes_the_gil_back_within_the_fast_window() -> None:
     """A spinning thread holds the GIL; a thread that waits in _wait_readable for a pipe
     gets the GIL back a fast switch interval after data arrives, not a whole one: the
@@ -919,6 +937,7 @@ def _crowded(trials: int) -> tuple[dict[str, int], dict[str, int]]:
 @with_gil
 @pytest.mark.skipif(SELF_FIRE, reason="3.12+ with a GIL: the watchdog takes no GIL ahead "
                     "in a crowded process (the next test)")
+@accelerated("anticipation")
 def test_a_crowded_process_gets_an_earlier_watchdog() -> None:
     """With other threads queued for the GIL the watchdog waits longer than one switch
     interval for it, so it learns to ask earlier (the lead grows by that wait: it is at
@@ -940,6 +959,7 @@ def test_a_crowded_process_gets_an_earlier_watchdog() -> None:
 
 
 @pytest.mark.skipif(not SELF_FIRE, reason="3.12+ with a GIL (the self-fire's watch)")
+@accelerated("self_fire")
 def test_a_crowded_process_leaves_a_thread_off_the_gil_to_fire_itself() -> None:
     """3.12+ with a GIL: next to 3 spinning threads the guarded thread is mostly off the
     GIL when its deadline comes. The watchdog does not queue for the GIL to fire it from
@@ -1008,6 +1028,7 @@ def _spin_for(seconds: float) -> None:
 @pytest.mark.skipif(FREE_THREADED, reason="free-threaded, the watchdog places itself "
                     "(TC_PIN_AHEAD_NS): its own move back behind the hog holds the placement "
                     "lock while it waits there for a CPU, and a rescue does not wait for it")
+@accelerated("rescue")
 def test_a_watchdog_starved_of_its_cpu_is_moved_to_the_guarded_threads() -> None:
     """The watchdog's backstop (csrc/tc_internal.h: TC_BACKSTOP_NS): the watchdog can be
     runnable and still not run -- woken on a CPU that something it cannot preempt holds
