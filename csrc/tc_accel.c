@@ -73,6 +73,7 @@ static const char *g_accel_why[ACCEL_N]; /* NULL while on */
 static char g_accel_failed[TC_ACCEL_WHY_MAX];  /* "failed its import check: ..." */
 static char g_accel_needs_why[ACCEL_N][64];    /* "needs X, which is off" */
 static char g_accel_unknown[256];              /* names none of ours, comma-separated */
+static const char *g_internals = "not checked"; /* the import check: "passed", or why not */
 
 /* Which TIMEOUTCORE_ACCEL asks for, into `asked`. */
 static void accel_parse(int asked[ACCEL_N])
@@ -132,6 +133,8 @@ static int accel_setup(void)
     why[0] = '\0';
     if (internals && !(internals_ok = tc_gil_setup(why, sizeof(why))))
         (void)snprintf(g_accel_failed, sizeof(g_accel_failed), "failed its import check: %s", why);
+    if (internals)
+        g_internals = internals_ok ? "passed" : g_accel_failed;
     for (int a = 0; a < ACCEL_N; a++) {
         const char *off = accel_unsupported(a);
         if (off == NULL && !asked[a])
@@ -164,3 +167,5 @@ int tc_accel_active(int i) { return i >= 0 && i < ACCEL_N && g_accel_on[i]; }
 const char *tc_accel_why(int i) { return i >= 0 && i < ACCEL_N ? g_accel_why[i] : NULL; }
 
 const char *tc_accel_unknown(void) { return g_accel_unknown; }
+
+const char *tc_accel_internals(void) { return g_internals; }

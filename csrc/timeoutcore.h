@@ -205,13 +205,15 @@ int tc_watchdog_tid(void);
 
 /* The latency accelerators (tc_accel.h), decided at tc_export: how many;
  * the i-th's name; 1 if it is active; why it is off (NULL while active);
- * TIMEOUTCORE_ACCEL's names that are none of them ("" if none).  Any
- * thread, after tc_export. */
+ * TIMEOUTCORE_ACCEL's names that are none of them ("" if none); the import
+ * check of CPython internals ("passed", "not checked", or why it failed).
+ * Any thread, after tc_export. */
 int tc_accel_count(void);
 const char *tc_accel_name(int i);
 int tc_accel_active(int i);
 const char *tc_accel_why(int i);
 const char *tc_accel_unknown(void);
+const char *tc_accel_internals(void);
 
 /* Benchmark helper: `n` arm+disarm pairs of this thread's kernel timer (what
  * arming at every block entry would cost).  Returns 0 or an errno. */

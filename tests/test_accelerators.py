@@ -43,6 +43,9 @@ from timeoutcore import DeadlineCancelled, DeadlineExceeded, thread_deadline
 
 out = {"active": timeoutcore.accelerators(), "why": timeoutcore.accelerators(explain=True),
        "warnings": [str(w.message) for w in caught]}
+if timeoutcore.ENGINE == "native":
+    from timeoutcore import _native
+    out["internals"] = _native.internals_check()
 
 def timed(body):
     t0 = time.monotonic()
@@ -151,6 +154,7 @@ def test_none_switches_every_one_off_and_deadlines_still_land(tmp_path: Path) ->
         assert why == "switched off by TIMEOUTCORE_ACCEL" or why.startswith(
             "unsupported on this CPython"), (name, why)
     assert out["warnings"] == []
+    assert out["internals"] == "not checked"  # nothing private read or written
     assert_delivered(out)
 
 
@@ -177,6 +181,7 @@ def test_an_unknown_name_warns_and_the_rest_applies(tmp_path: Path) -> None:
 @pytest.mark.skipif(FREE_THREADED, reason="no GIL state to point the check at")
 def test_a_wrong_internal_address_is_refused(tmp_path: Path) -> None:
     out = child(tmp_path, TIMEOUTCORE_TEST_CORRUPT_GIL_OFFSET="1")
+    assert out["internals"].startswith("failed its import check: "), out["internals"]
     for name in INTERNALS:
         assert not out["active"][name]
         if name in supported():  # off because of the check
@@ -188,9 +193,14 @@ def test_a_wrong_internal_address_is_refused(tmp_path: Path) -> None:
 
 
 @native_only
+@pytest.mark.skipif(os.environ.get("TIMEOUTCORE_ACCEL", "all").strip().lower() not in ("", "all"),
+                    reason="TIMEOUTCORE_ACCEL chose the accelerators")
 def test_this_process_passed_its_import_check() -> None:
-    """The interpreter running the tests: the check must not refuse a sound build."""
+    """The interpreter running the tests: the check must not refuse a sound build (on a
+    free-threaded one too, where only safe delivery's gc.collecting depends on it)."""
+    from timeoutcore import _native
+
+    assert _native.internals_check() == "passed"
     why = timeoutcore.accelerators(explain=True)
     for name in INTERNALS:
-        if os.environ.get("TIMEOUTCORE_ACCEL", "all") == "all":
-            assert not (why[name] or "").startswith("failed its import check"), why[name]
+        assert not (why[name] or "").startswith("failed its import check"), why[name]

@@ -143,6 +143,14 @@ if _unknown:
 # --- diagnostics of the C core (tests, benchmarks) -------------------------------------------
 
 
+def internals_check() -> str:
+    """The import check of the CPython internals the core may use (csrc/tc_gil_check.c):
+    "passed", "not checked" (TIMEOUTCORE_ACCEL asked for no accelerator that uses them), or
+    "failed its import check: <why>". Safe delivery also reads gc.collecting only after
+    "passed"."""
+    return str(_accel_text(lib.tc_accel_internals()))
+
+
 def stats() -> dict[str, int]:
     """Counters of the native core (live slots and timers, fires, kicks, ...)."""
     raw = ffi.new("struct tc_stats *")
