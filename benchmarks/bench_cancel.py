@@ -5,10 +5,13 @@ executor costs per task, and what DeadlineMiddleware costs a FastAPI app.
   a socket read from a silent peer or ``Queue.get`` (``patch()`` on); ms from
   ``future.cancel()`` until no thread runs the task (``wait_stopped()``), p50/p90/p99.
 - ``test_executor_cost``: a pool of 4 running 2,000 tasks, empty or 1 ms of CPU each, with a
-  plain ``ThreadPoolExecutor`` and with ``DeadlineExecutor`` (no limit), rounds alternated;
-  the median round per task, and the ratio.
+  plain ``ThreadPoolExecutor`` and with ``DeadlineExecutor`` (no limit), ABBA rounds; the
+  median round per task, and the ratio (a second plain pool gives its noise floor).
 - ``test_fastapi_throughput``: requests/s of a fast sync endpoint through uvicorn, with and
-  without ``DeadlineMiddleware`` (two servers, rounds alternated, 4 keep-alive clients).
+  without ``DeadlineMiddleware`` (servers side by side, ABBA rounds, 4 keep-alive clients;
+  a second server without it gives the noise floor of the ratio).
+- ``test_fastapi_cost_in_process``: the CPU time the middleware adds to a request, the app
+  called directly through ASGI (no server, no client).
 - ``test_fastapi_504_latency``: 50 concurrent requests to a sync endpoint blocked in
   ``time.sleep``, 0.5 s deadline: ms from the deadline to the 504, p50/p99.
 
@@ -18,6 +21,7 @@ Run: ``python -m pytest benchmarks/bench_cancel.py --benchmark-only``; the figur
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import os
@@ -150,40 +154,74 @@ def _iterations_for(seconds: float) -> int:
         n *= 2
 
 
+def _alternated(rounds: int, measure: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
+    """``rounds`` rounds of every measurement, the order reversed every other round (ABBA),
+    so that a drift of the machine's speed during the run weighs on each alike."""
+    out: dict[str, list[float]] = {name: [] for name in measure}
+    order = list(measure)
+    for i in range(rounds):
+        for name in order if i % 2 == 0 else reversed(order):
+            out[name].append(measure[name]())
+    return out
+
+
 @pytest.mark.benchmark(group="executor")
 @pytest.mark.parametrize("work_ms", [0, 1])
 def test_executor_cost(benchmark: BenchmarkFixture, work_ms: int) -> None:
+    """Per task, ``DeadlineExecutor`` against ``ThreadPoolExecutor``; a second plain pool
+    in the same rotation gives the noise floor of the ratio (plain vs plain)."""
     tasks = 2000 if work_ms == 0 else 400
+    rounds = 15
     n = _iterations_for(work_ms / 1e3) if work_ms else 0
-    rounds: dict[str, list[float]] = {"ThreadPoolExecutor": [], "DeadlineExecutor": []}
 
-    def one_round(pool: ThreadPoolExecutor) -> float:
-        t0 = time.perf_counter()
+    walls: dict[str, list[float]] = {}
+
+    def one_round(name: str, pool: ThreadPoolExecutor) -> float:
+        """CPU time of the process per task (the pool's cost, which other processes on the
+        machine do not blur); the wall time per task is kept beside it."""
+        c0, t0 = time.process_time(), time.perf_counter()
         futures = [pool.submit(_work, n) for _ in range(tasks)]
         for f in futures:
             f.result()
-        return (time.perf_counter() - t0) / tasks * 1e6
+        walls.setdefault(name, []).append((time.perf_counter() - t0) / tasks * 1e6)
+        return (time.process_time() - c0) / tasks * 1e6
+
+    measured: dict[str, list[float]] = {}
 
     def run() -> None:
-        with ThreadPoolExecutor(4) as plain, DeadlineExecutor(4) as guarded:
-            one_round(plain), one_round(guarded)  # warm-up: threads started
-            for _ in range(7):
-                rounds["ThreadPoolExecutor"].append(one_round(plain))
-                rounds["DeadlineExecutor"].append(one_round(guarded))
+        with ThreadPoolExecutor(4) as plain, ThreadPoolExecutor(4) as control, \
+                DeadlineExecutor(4) as guarded:
+            pools = {"ThreadPoolExecutor": plain, "ThreadPoolExecutor (control)": control,
+                     "DeadlineExecutor": guarded}
+            for pool in pools.values():
+                one_round("warm-up", pool)  # threads started
+            measured.update(_alternated(rounds, {
+                name: functools.partial(one_round, name, pool) for name, pool in pools.items()}))
 
     benchmark.pedantic(run, rounds=1, iterations=1)
-    plain_us = statistics.median(rounds["ThreadPoolExecutor"])
-    guarded_us = statistics.median(rounds["DeadlineExecutor"])
+    plain_us = statistics.median(measured["ThreadPoolExecutor"])
+    control_us = statistics.median(measured["ThreadPoolExecutor (control)"])
+    guarded_us = statistics.median(measured["DeadlineExecutor"])
+    wall = {name: statistics.median(walls[name]) for name in measured}
+    wall_ratio = wall["DeadlineExecutor"] / wall["ThreadPoolExecutor"]
+    wall_control = wall["ThreadPoolExecutor (control)"] / wall["ThreadPoolExecutor"]
     _results[f"executor_{work_ms}ms_tasks"] = {
-        "pool": 4, "tasks_per_round": tasks, "rounds": 7, "plain_us_per_task": round(plain_us, 2),
-        "deadline_us_per_task": round(guarded_us, 2), "ratio": round(guarded_us / plain_us, 4)}
+        "pool": 4, "tasks_per_round": tasks, "rounds": rounds,
+        "plain_cpu_us_per_task": round(plain_us, 2),
+        "deadline_cpu_us_per_task": round(guarded_us, 2),
+        "control_cpu_us_per_task": round(control_us, 2),
+        "ratio": round(guarded_us / plain_us, 4), "control_ratio": round(control_us / plain_us, 4),
+        "plain_wall_us_per_task": round(wall["ThreadPoolExecutor"], 2),
+        "deadline_wall_us_per_task": round(wall["DeadlineExecutor"], 2),
+        "wall_ratio": round(wall_ratio, 4), "wall_control_ratio": round(wall_control, 4)}
     benchmark.extra_info.update(
         case=f"pool of 4, {work_ms} ms tasks",
-        note=(f"per task: ThreadPoolExecutor {plain_us:.1f} us, DeadlineExecutor "
-              f"{guarded_us:.1f} us, ratio {guarded_us / plain_us:.3f} (median of 7 "
-              "alternated rounds)"),
-        plain_us=round(plain_us, 2), deadline_us=round(guarded_us, 2),
-        ratio=round(guarded_us / plain_us, 4))
+        note=(f"CPU per task: ThreadPoolExecutor {plain_us:.1f} us, DeadlineExecutor "
+              f"{guarded_us:.1f} us, ratio {guarded_us / plain_us:.3f}, plain vs plain "
+              f"{control_us / plain_us:.3f}; wall ratio {wall_ratio:.3f}, plain vs plain "
+              f"{wall_control:.3f} (medians of {rounds} ABBA rounds)"),
+        ratio=round(guarded_us / plain_us, 4), control_ratio=round(control_us / plain_us, 4),
+        wall_ratio=round(wall_ratio, 4))
 
 
 class _Uvicorn:
@@ -226,9 +264,12 @@ class _Uvicorn:
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[dict[str, _Uvicorn]]:
-    both = {"without": _Uvicorn(0), "with DeadlineMiddleware": _Uvicorn(0.5)}
-    yield both
-    for s in both.values():
+    # Two servers without the middleware: the second one's ratio to the first is the noise
+    # floor of the comparison.
+    started = {"without": _Uvicorn(0), "without (control)": _Uvicorn(0),
+               "with DeadlineMiddleware": _Uvicorn(0.5)}
+    yield started
+    for s in started.values():
         s.stop()
 
 
@@ -268,29 +309,98 @@ def _hammer(port: int, seconds: float, clients: int = 4) -> float:
 
 @pytest.mark.benchmark(group="asgi")
 def test_fastapi_throughput(benchmark: BenchmarkFixture, servers: dict[str, _Uvicorn]) -> None:
-    rates: dict[str, list[float]] = {name: [] for name in servers}
+    rounds, seconds = 10, 1.0
+    rates: dict[str, list[float]] = {}
 
     def run() -> None:
         for s in servers.values():
             _hammer(s.port, 0.5)  # warm-up
-        for _ in range(6):
-            for name, s in servers.items():
-                rates[name].append(_hammer(s.port, 1.5))
+        rates.update(_alternated(rounds, {
+            name: functools.partial(_hammer, s.port, seconds) for name, s in servers.items()}))
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     plain = statistics.median(rates["without"])
+    control = statistics.median(rates["without (control)"])
     guarded = statistics.median(rates["with DeadlineMiddleware"])
     _results["fastapi_throughput"] = {
-        "clients": 4, "round_s": 1.5, "rounds": 6, "without_rps": [round(r) for r in
-                                                                    rates["without"]],
+        "clients": 4, "round_s": seconds, "rounds": rounds,
+        "without_rps": [round(r) for r in rates["without"]],
+        "control_rps": [round(r) for r in rates["without (control)"]],
         "with_rps": [round(r) for r in rates["with DeadlineMiddleware"]],
-        "without_median_rps": round(plain), "with_median_rps": round(guarded),
-        "ratio": round(guarded / plain, 4)}
+        "without_median_rps": round(plain), "control_median_rps": round(control),
+        "with_median_rps": round(guarded), "ratio": round(guarded / plain, 4),
+        "control_ratio": round(control / plain, 4)}
     benchmark.extra_info.update(
         case="FastAPI fast sync endpoint, uvicorn, 4 keep-alive clients",
         note=(f"req/s without {plain:.0f}, with DeadlineMiddleware {guarded:.0f}, ratio "
-              f"{guarded / plain:.3f} (median of 6 alternated rounds)"),
-        without_rps=round(plain), with_rps=round(guarded), ratio=round(guarded / plain, 4))
+              f"{guarded / plain:.3f}; without vs without {control / plain:.3f} (medians of "
+              f"{rounds} ABBA rounds)"),
+        without_rps=round(plain), with_rps=round(guarded), ratio=round(guarded / plain, 4),
+        control_ratio=round(control / plain, 4))
+
+
+@pytest.mark.benchmark(group="asgi")
+def test_fastapi_cost_in_process(benchmark: BenchmarkFixture) -> None:
+    """What the middleware adds to one request, with no server or client around it: a
+    FastAPI app called directly through ASGI, CPU time of the process per request (the
+    loop's and the worker thread's), with and without the middleware, ABBA rounds."""
+    import asyncio
+
+    from fastapi import FastAPI
+
+    from timeoutcore.contrib.asgi import DeadlineMiddleware
+
+    def app(deadline: float) -> Any:
+        made = FastAPI()
+        if deadline:
+            made.add_middleware(DeadlineMiddleware, seconds=deadline)
+
+        @made.get("/fast")
+        def fast() -> dict[str, Any]:
+            return {"ok": True}
+
+        return made
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+             "method": "GET", "scheme": "http", "path": "/fast", "raw_path": b"/fast",
+             "query_string": b"", "root_path": "", "headers": [],
+             "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1)}
+    requests, rounds = 1000, 15
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            assert message["status"] == 200
+
+    async def one_round(asgi: Any) -> float:
+        t0 = time.process_time()
+        for _ in range(requests):
+            await asgi(dict(scope), receive, send)
+        return (time.process_time() - t0) / requests * 1e6
+
+    measured: dict[str, list[float]] = {"without": [], "with DeadlineMiddleware": []}
+
+    async def main() -> None:
+        apps = {"without": app(0), "with DeadlineMiddleware": app(0.5)}
+        for asgi in apps.values():
+            await one_round(asgi)
+        order = list(apps)
+        for i in range(rounds):
+            for name in order if i % 2 == 0 else reversed(order):
+                measured[name].append(await one_round(apps[name]))
+
+    benchmark.pedantic(lambda: asyncio.run(main()), rounds=1, iterations=1)
+    plain = statistics.median(measured["without"])
+    guarded = statistics.median(measured["with DeadlineMiddleware"])
+    _results["fastapi_cost_in_process"] = {
+        "requests_per_round": requests, "rounds": rounds, "without_cpu_us": round(plain, 2),
+        "with_cpu_us": round(guarded, 2), "added_cpu_us": round(guarded - plain, 2)}
+    benchmark.extra_info.update(
+        case="FastAPI app called in process: CPU per request",
+        note=f"without {plain:.1f} us, with DeadlineMiddleware {guarded:.1f} us (median of "
+             f"{rounds} ABBA rounds)", added_us=round(guarded - plain, 2))
 
 
 @pytest.mark.benchmark(group="asgi")
