@@ -16,12 +16,14 @@
  *   fast_window      tc_compat.h: tc_switch_setup (no interval address: the
  *                    window, the exit linger and urgent takes do nothing)
  *   self_fire        tc_watchdog.c: wd_main, before wd_watch
- *   prearm           tc_watchdog.c: wd_prearm, slot_self_prearm
+ *   prearm           tc_watchdog.c: wd_prearm, slot_self_prearm;
+ *                    tc_deliver.c: prearm_lead (free-threaded: no lead)
  *   sleeping_tracer  tc_deliver.c: hook_sleep
  *   direct_delivery  tc_deliver.c: deliver_async, before deliver_direct
  *   prepare          tc_watchdog.c: wd_prepare
  *   placement        tc_watchdog.c: wd_place, wd_step_aside
- *   rescue           tc_watchdog.c: wd_notify, wd_backstop, wd_rescue
+ *   rescue           tc_os.c: timer_backstop (no backstop timer armed);
+ *                    tc_watchdog.c: wd_rescue
  *   remote_relay     tc_module.c: _wait_readable, before remote_peek
  */
 #ifndef TC_ACCEL_H

@@ -30,8 +30,9 @@
  *   5. With a GIL: a distinct interval written through the address is what
  *      sys.getswitchinterval() returns next; the original is put back.
  * Test hook: TIMEOUTCORE_TEST_CORRUPT_GIL_OFFSET=1 in the environment
- * makes the check look at a GIL state 64 bytes off the real one (inside
- * the same interpreter state, so only read): it must be refused.
+ * makes the check look at a GIL state 64 bytes off the real one (still
+ * inside the interpreter or runtime state that holds it; refused at the
+ * first read, so never written): it must be refused.
  * GIL held throughout; Python errors met on the way are cleared and count
  * as a failed check.
  */
