@@ -119,7 +119,7 @@ static void accel_parse(int asked[ACCEL_N])
     }
 }
 
-/* At import (tc_module.c: export_locked), GIL held: decide every flag,
+/* At import (tc_export.c: export_locked), GIL held: decide every flag,
  * then set up the switch interval's address (tc_compat.h) -- or leave it
  * unset, which is what turns the fast window off.  Returns 0. */
 static int accel_setup(void)

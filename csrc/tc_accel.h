@@ -15,13 +15,13 @@
  *                    requeue and no holding the GIL up to it either)
  *   fast_window      tc_compat.h: tc_switch_setup (no interval address: the
  *                    window, the exit linger and urgent takes do nothing)
- *   self_fire        tc_watchdog.c: wd_main, before wd_watch
- *   prearm           tc_watchdog.c: wd_prearm, slot_self_prearm;
+ *   self_fire        tc_wd_main.c: wd_main, before wd_watch
+ *   prearm           tc_wd_fire.c: wd_prearm, slot_self_prearm;
  *                    tc_deliver.c: prearm_lead (free-threaded: no lead)
- *   sleeping_tracer  tc_deliver.c: hook_sleep
- *   direct_delivery  tc_deliver.c: deliver_async, before deliver_direct
- *   prepare          tc_watchdog.c: wd_prepare
- *   placement        tc_watchdog.c: wd_place, wd_step_aside
+ *   sleeping_tracer  tc_hook_trace.c: hook_sleep
+ *   direct_delivery  tc_deliver_steps.c: deliver_async, before deliver_direct
+ *   prepare          tc_wd_fire.c: wd_prepare
+ *   placement        tc_wd_main.c: wd_place, wd_step_aside
  *   rescue           tc_os.c: timer_backstop (no backstop timer armed);
  *                    tc_watchdog.c: wd_rescue
  *   remote_relay     tc_module.c: _wait_readable, before remote_peek

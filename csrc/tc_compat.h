@@ -210,7 +210,7 @@ static inline int tc_optional_attr(PyObject *o, PyObject *name, PyObject **resul
  * jump's target (nothing can run in between: no breaker check, no call), and
  * the INSTRUCTION callback there switches them off and raises, which
  * INSTRUMENTED_INSTRUCTION's error path attributes to that very instruction
- * -- the loop head, inside the loop's handlers (tc_deliver.c: mon_insn).
+ * -- the loop head, inside the loop's handlers (tc_hook_monitoring.c: mon_insn).
  * Measured on 3.13.0 before: `with thread_deadline(0.005): while True:
  * pass` on one line let the raw interrupt escape 50 times out of 50
  * (tests/test_integrity.py).  Decided by the running interpreter
@@ -452,7 +452,7 @@ static inline int tc_back_edge_in_loop(PyFrameObject *f)
 /* -- Raising from a pending call at a back-edge (3.12+, with a GIL) -----------
  * A thread that holds the GIL at its deadline fires it itself, from a
  * pending call (tc_gil.c) that its eval loop runs at its next breaker check
- * (tc_deliver.c: pc_fire).  An error returned from there surfaces at that
+ * (tc_deliver_steps.c: pc_fire).  An error returned from there surfaces at that
  * very instruction, as an asynchronous exception would -- no snapshot is
  * involved, the call runs inside the check.  It raises only at a loop's
  * back-edge (anywhere else -- a call that just returned, a function's

@@ -5,7 +5,7 @@
  * (shipped with the public ones) touch nothing else.
  *
  * Why: the watchdog lowers the switch interval while a deadline is due or
- * an interrupt on its way (tc_watchdog.c: the fast window), so that the
+ * an interrupt on its way (tc_fast_window.c), so that the
  * thread that must stop gets the GIL within a fraction of a millisecond
  * even when other threads are busy.
  *
@@ -33,7 +33,7 @@
  *
  * Who holds the GIL, and a call to run at a breaker check (3.12+).  A thread
  * that holds the GIL when its deadline comes can fire it itself, with no GIL
- * hand-off at all (tc_watchdog.c: the self-fire; tc_deliver.c: pc_fire): the
+ * hand-off at all (tc_wd_fire.c: the self-fire; tc_deliver_steps.c: pc_fire): the
  * watchdog looks at the GIL state's `locked` and `last_holder` -- atomics
  * that CPython's own waiters read without the GIL too -- and, while that
  * thread holds it, queues a call with _PyEval_AddPendingCall, the function
@@ -43,7 +43,7 @@
  * with the GIL; the call itself looks whether it is in the right thread.
  * (3.11 runs pending calls in the main thread only: not used there.)
  *
- * Two facts for a delivery decided outside the thread (tc_deliver.c:
+ * Two facts for a delivery decided outside the thread (tc_deliver_steps.c:
  * deliver_direct): whether a garbage collection is running in the
  * interpreter (gc.collecting: a thread paused inside one may run finalizers
  * before it meets an asynchronous exception), and the main thread's ident

@@ -1,8 +1,8 @@
 /*
  * tc_internal.h -- structs, enums, constants and shared state of the core.
  *
- * Included once, by the unity build timeoutcore.c, before the parts
- * (tc_os.c, tc_slot.c, tc_watchdog.c, tc_scope.c, tc_module.c).  For each
+ * Included once, by the unity build timeoutcore.c, before the parts (its
+ * opening comment lists them, in order).  For each
  * field: who writes it, and under which lock.  "GIL" means the writer holds
  * the GIL -- on a free-threaded build, the core lock (tc_lock.h), which
  * every such region holds instead; g_mu is the slot-registry mutex.
@@ -85,7 +85,7 @@
 #define TC_REQUEUE_MIN_LEFT_NS 300000LL
 #define TC_REQUEUE_EARLY_NS 200000LL
 
-/* Pre-arming (tc_watchdog.c: wd_prearm; tc_deliver.c: pre-armed slots):
+/* Pre-arming (tc_wd_fire.c: wd_prearm; tc_deliver.c: pre-armed slots):
  * always where the armed hook costs only the guarded thread -- 3.11's
  * per-thread tracer -- and free-threaded, where arming stops the world.
  * 3.12+ with a GIL, sys.monitoring events are interpreter-wide: from the
@@ -97,7 +97,7 @@
  * 0.71x the throughput without deadlines against 0.79x when holding the
  * GIL, alternated runs).  So there the watchdog pre-arms only when the GIL
  * was free as it began to take it and came within TC_PREARM_QUIET_NS
- * (nobody else queued for it: tc_watchdog.c, gil_busy), and holds it up to
+ * (nobody else queued for it: tc_wd_fire.c, gil_busy), and holds it up to
  * the deadline otherwise. */
 #define TC_PREARM_ALWAYS (TC_HOOK_TRACE || TC_FREE_THREADED)
 #define TC_PREARM_QUIET_NS 400000LL
@@ -117,7 +117,7 @@
  * lead is the GIL anticipation's.) */
 #define TC_PREARM_LEAD_MIN_NS 10000000LL
 #define TC_PREARM_LEAD_MAX_NS 50000000LL
-/* Free-threaded: the watchdog's CPU at a pre-armed deadline (tc_watchdog.c:
+/* Free-threaded: the watchdog's CPU at a pre-armed deadline (tc_wd_main.c:
  * wd_place).  With more busy threads than CPUs, the guarded thread is off its
  * CPU at a random instant about half the time, and then waits for the
  * scheduler's tick (4 ms at HZ=250) behind a busy thread.  The watchdog's
@@ -142,7 +142,7 @@
 #define TC_PIN_NUDGE_NS 500000LL
 #define TC_PIN_NUDGE_FOR_NS 8000000LL
 
-/* The self-fire (tc_watchdog.c: wd_watch; 3.12+ with a GIL).  While a
+/* The self-fire (tc_wd_fire.c: wd_watch; 3.12+ with a GIL).  While a
  * guarded thread holds the GIL ahead of its deadline, the watchdog looks at
  * the GIL's holder every TC_WATCH_POLL_NS instead of taking it; the last
  * TC_WATCH_SPIN_NS it spins (a sleep's wake-up is late by ~50 us on this
@@ -171,7 +171,7 @@
 #define TC_PC_SAME_NS 100000LL
 
 /* The watchdog prepares the exception
- * (tc_watchdog.c: wd_prepare) only if at least this long is left: building
+ * (tc_wd_fire.c: wd_prepare) only if at least this long is left: building
  * it takes up to ~0.1 ms when its code has gone cold. */
 #define TC_PREPARE_MIN_LEFT_NS 300000LL
 
@@ -201,7 +201,7 @@
 #define TC_BACKSTOP_NS 300000LL
 
 /* The longest a scope's entry waits, GIL released, for the watchdog it has
- * just started to be ready (tc_watchdog.c: wd_ensure). */
+ * just started to be ready (tc_wd_main.c: wd_ensure). */
 #define TC_WD_READY_MAX_NS 50000000LL
 
 /* Argument bounds in seconds; the pure-Python engine checks the same. */
@@ -298,7 +298,7 @@ typedef struct tc_slot {
                                       GIL, 3.12+, at the self-fire's
                                       prepare (wd_watch's spin)            */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
-    /* The self-fire (tc_watchdog.c: wd_watch, tc_deliver.c: pc_fire). */
+    /* The self-fire (tc_wd_fire.c: wd_watch, tc_deliver_steps.c: pc_fire). */
     _Atomic(const void *) tstate_id; /* its thread state, only ever compared
                                       with the GIL's holder (slot_get)     */
     _Atomic int pc_queued;         /* pc_fire is queued for it: set by the
@@ -332,7 +332,7 @@ typedef struct tc_slot {
     PyObject *prev_traceobj;       /* (strong)                            */
     PyObject *op_frame;            /* frame whose opcode events the
                                       backstop turned on (strong), or NULL */
-    /* The sleeping tracer (tc_deliver.c: hook_sleep). */
+    /* The sleeping tracer (tc_hook_trace.c: hook_sleep). */
     _Atomic int dormant;           /* in place, off until the deadline     */
     _Atomic int waking;            /* the thread's handler is turning it on */
     PyThreadState *sleep_ts;       /* whose (the slot's thread's own)      */
@@ -376,7 +376,7 @@ typedef struct Scope {
                               protected-code check                        */
     void *iframe;          /* TC_IFRAME_ID: its _PyInterpreterFrame address,
                               the bound of the check (never dereferenced) */
-    PyObject *owner;       /* entered by a wrapper (tc_deliver.c: wrapper
+    PyObject *owner;       /* entered by a wrapper (tc_guarded.c: wrapper
                               scopes): frame object of the code the wrapper
                               guards, while active; else NULL            */
     int64_t delivered_at;  /* ns when the interrupt surfaced in the body  */

@@ -49,7 +49,7 @@
  *   the thread itself.
  *
  * Besides: g_arm_mu, a plain PyMutex held across the hook's event-mask
- * change (tc_deliver.c: hook_arm), so that the count of armed threads and
+ * change (tc_hook_monitoring.c: hook_arm), so that the count of armed threads and
  * the events sys.monitoring has on stay in step.  The arm itself -- a
  * set_events, which stops the world -- is never made inside the core lock:
  * a delivery inside a region only notes its slot (t_arm_due), and the
@@ -73,7 +73,7 @@ static PyMutex g_arm_mu;                     /* the hook's event mask          *
 static __thread PyCriticalSection *t_core_cs; /* this thread's innermost one    */
 static __thread struct tc_slot *t_arm_due;   /* a hook to arm once it is let go */
 static __thread int t_kick_due;              /* ... and then wake and kick it   */
-static void core_after(void);                /* tc_deliver.c                   */
+static void core_after(void);                /* tc_deliver_steps.c             */
 
 #define TC_CORE_BEGIN()                                                             \
     PyCriticalSection tc_cs_;                                                       \

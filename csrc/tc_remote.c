@@ -37,7 +37,7 @@
  *     left the stack, or that has not reached it yet, does nothing (the
  *     Python path still cancels it).
  *   g_remote_mu is a leaf lock: nothing else is taken while it is held.
- *   Fork: held across fork() (tc_module.c: atfork); the child's entries
+ *   Fork: held across fork() (tc_export.c: atfork); the child's entries
  *   belong to the parent's jobs and are dropped by remote_forget, which the
  *   Python-level after-fork hook calls (it may release references).
  */

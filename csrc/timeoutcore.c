@@ -5,15 +5,34 @@
  * contract is in timeoutcore.h; structs, fields and their locks in
  * tc_internal.h; every CPython-version switch in tc_compat.h.
  *
- *   tc_accel.c     which latency accelerators are on, and why one is off
- *   tc_os.c        clock, futex, signal handler, per-thread timers, kick
- *   tc_deliver.c   safe delivery: the hook that raises at a line boundary
- *                  outside protected code
- *   tc_slot.c      slots, scope stacks, the delivery state machine
- *   tc_watchdog.c  schedule, GIL anticipation, the fire-time sweep
- *   tc_remote.c    remote cancels read off the registry's control channel
- *   tc_scope.c     the Scope type (enter/exit keep the GIL)
- *   tc_module.c    the Shield type, module functions, fork, cffi entry points
+ *   tc_accel.c            which latency accelerators are on, and why one
+ *                         is off
+ *   tc_os.c               clock, futex, signal handler, per-thread timers,
+ *                         kick, the watchdog's CPU placement and rescue
+ *   tc_guarded.c          which code a scope guards (wrapper scopes), code
+ *                         no interrupt may surface in
+ *   tc_deliver.c          safe delivery: the rule, protected code,
+ *                         pre-armed slots
+ *   tc_hook_trace.c       the hook on 3.11: a per-thread tracer, asleep
+ *                         until the deadline when pre-armed
+ *   tc_hook_monitoring.c  the hook on 3.12+: a sys.monitoring tool
+ *   tc_deliver_steps.c    the decision at a line boundary, direct delivery,
+ *                         the self-fire's pending call, deliver_async
+ *   tc_slot.c             slots, scope stacks, the delivery state machine
+ *   tc_unraisable.c       an interrupt CPython dropped: learn where, resend
+ *   tc_watchdog.c         the watchdog's state, schedule and fire-time
+ *                         sweep, GIL anticipation
+ *   tc_fast_window.c      the switch interval lowered while a deadline
+ *                         needs the GIL
+ *   tc_wd_fire.c          taking the GIL, pre-arm, prepare, the self-fire
+ *   tc_wd_main.c          the watchdog's loop, placement, start and stop
+ *   tc_remote.c           remote cancels read off the registry's control
+ *                         channel
+ *   tc_scope.c            the Scope type: construction, enter and exit
+ *                         (they keep the GIL)
+ *   tc_scope_views.c      the Scope type's other methods and views
+ *   tc_module.c           the Shield type, module functions
+ *   tc_export.c           fork, cffi entry points
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,9 +43,17 @@
 #include "tc_os.c"
 #include "tc_guarded.c"
 #include "tc_deliver.c"
+#include "tc_hook_trace.c"
+#include "tc_hook_monitoring.c"
+#include "tc_deliver_steps.c"
 #include "tc_slot.c"
 #include "tc_unraisable.c"
 #include "tc_watchdog.c"
+#include "tc_fast_window.c"
+#include "tc_wd_fire.c"
+#include "tc_wd_main.c"
 #include "tc_remote.c"
 #include "tc_scope.c"
+#include "tc_scope_views.c"
 #include "tc_module.c"
+#include "tc_export.c"

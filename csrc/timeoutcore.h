@@ -19,8 +19,10 @@
  *   thread's timer so the signal knocks a blocking system call loose
  *   ("inject first, then kick").  It sends again while the body swallows the
  *   interrupt.  The scope that fired claims the interrupt at its exit and
- *   raises DeadlineExceeded.  Where: tc_watchdog.c decides when, tc_slot.c
- *   runs the delivery steps (its header lists them), tc_deliver.c decides
+ *   raises DeadlineExceeded.  Where: tc_watchdog.c decides when (and
+ *   tc_wd_fire.c, tc_wd_main.c act on it), tc_slot.c runs the delivery
+ *   steps (its header lists them), tc_deliver.c and the hook
+ *   (tc_hook_trace.c / tc_hook_monitoring.c, tc_deliver_steps.c) decide
  *   where the interrupt surfaces, tc_scope.c makes the exception, tc_gil.c
  *   (its own unit, CPython's internal headers) finds the switch interval
  *   and wakes the GIL's waiters.
@@ -64,7 +66,7 @@
  *   - The watchdog never holds the registry mutex (g_mu) while it waits for
  *     the GIL; it may take g_mu while holding the GIL.  The thread-exit
  *     destructor takes only g_mu, never the GIL.
- *   - The delivery hook (tc_deliver.c) runs in the guarded thread, with the
+ *   - The delivery hook (tc_hook_*.c) runs in the guarded thread, with the
  *     GIL, from a trace or monitoring callback; it reads the slot's pending
  *     fields, which only GIL holders write.  The watchdog arms it with the
  *     GIL; it writes the switch interval (fast window) without the GIL.
@@ -159,29 +161,29 @@ struct tc_stats {
     uint64_t remote_cancels;   /* cancels read off the registry's control
                                   channel without the GIL (tc_remote.c)   */
     uint64_t remote_relays;    /* ... of them fired by the GIL's holder at
-                                  the watchdog's request (tc_deliver.c)  */
+                                  the watchdog's request (tc_deliver_steps.c) */
     uint64_t exit_lingers;     /* fired blocks' exits that held the fast
                                   window open past their return: a waiter
-                                  had asked for the GIL (tc_watchdog.c)  */
+                                  had asked for the GIL (tc_fast_window.c) */
     uint64_t pins;             /* free-threaded: the watchdog's moves to
                                   a guarded thread's CPU ahead of a
-                                  pre-armed deadline (tc_watchdog.c)     */
+                                  pre-armed deadline (tc_wd_main.c)      */
     uint64_t rescues;          /* the watchdog moved to a guarded thread's
                                   CPU by its backstop timer: it had not
                                   run since the deadline (tc_watchdog.c) */
     uint64_t tracer_sleeps;    /* 3.11: pre-armed tracers put to sleep
-                                  until their deadline (tc_deliver.c)    */
+                                  until their deadline (tc_hook_trace.c) */
     uint64_t tracer_alarms;    /* ... woken there by the thread's own
                                   timer signal                           */
     uint64_t back_waits;       /* 3.12+: deadlines due while their thread
                                   was off the GIL, left for it to fire
-                                  itself once back (tc_watchdog.c)       */
+                                  itself once back (tc_wd_fire.c)        */
     uint64_t exit_expiries;    /* blocks whose deadline had passed at their
                                   exit with no fire: expired there, the
                                   backstop (tc_scope.c)                  */
     uint64_t due_relays;       /* 3.12+: deadlines fired by the GIL's holder
                                   that ran the slot's self-fire call in
-                                  its stead (tc_deliver.c)               */
+                                  its stead (tc_deliver_steps.c)         */
     uint64_t dropped;          /* interrupts CPython reported as ignored
                                   (an unraisable context), sent again
                                   (tc_unraisable.c)                      */

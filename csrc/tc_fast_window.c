@@ -1,0 +1,214 @@
+/*
+ * tc_fast_window.c -- the fast window (accelerator fast_window): the switch
+ * interval lowered while the watchdog, then a fired thread, needs the GIL,
+ * and the urgent windows of threads that take the GIL back to apply a
+ * registry cancel.  Part of the unity build (timeoutcore.c), after
+ * tc_watchdog.c.
+ *
+ * Who calls what: the watchdog opens and closes the window (fast_enter,
+ * fast_leave), WITHOUT the GIL; a scope's exit that claims its interrupt
+ * (tc_scope.c: Scope_exit, GIL held) closes or re-opens it
+ * (fast_after_claim); wd_urgent_begin/wd_urgent_end run in any thread
+ * without the GIL (tc_module.c: _wait_readable).  g_fast_mu guards the
+ * window's state; the interval itself is written through tc_gil.c.
+ * Nothing here runs in a signal handler.
+ */
+
+/* -- The fast window ---------------------------------------------------------
+ * With other CPU-bound threads, a thread gets the GIL once its holder has
+ * been asked to drop it, one switch interval after a waiter started waiting
+ * (5 ms by default), and then only if the OS picks it among the waiters: a
+ * deadline in a busy pool lands tens of ms late (measured on 3.12: p50 37,
+ * p99 119 ms with 3 spinning threads).  So from the moment the watchdog
+ * starts asking for the GIL for a deadline (`lead` before it) until the
+ * fired interrupt is claimed at the scope's exit -- or TC_FAST_HOLD_NS after
+ * the fire, if the thread is blocked or deferred in protected code -- the
+ * switch interval is TC_FAST_SWITCH_US: the watchdog, then the guarded
+ * thread, each get the GIL within a few fractions of a millisecond.  Outside
+ * the window the user's value is back (unless they set one meanwhile: then
+ * theirs stays), and it is put back when the watchdog stops (exit, fork).
+ * Cost: more GIL switches for the whole process while a window is open
+ * (benchmarks/bench_contention.py: pool throughput).  The watchdog opens and
+ * closes it; a scope's exit that claims its interrupt closes it too when
+ * nothing else needs it, or opens it when its thread is about to give the
+ * GIL away (fast_after_claim), so g_fast_mu guards its state, and
+ * g_fast_flag lets others look without the mutex. */
+static pthread_mutex_t g_fast_mu = PTHREAD_MUTEX_INITIALIZER; /* the next three */
+static int g_fast_on;
+static unsigned long g_fast_saved;  /* the interval to put back            */
+static int64_t g_fast_since;        /* when it was lowered                 */
+static _Atomic int g_fast_flag;     /* g_fast_on, for a look without g_fast_mu */
+/* The watchdog is waiting for the GIL (gil_take), in the window. */
+static _Atomic int g_wd_taking;
+/* Threads that took the GIL back for work that must not wait a whole switch
+ * interval (wd_urgent_begin) keep the window open until they are done
+ * (wd_urgent_end), or at most until g_urgent_until. */
+static _Atomic int g_urgent_n;
+static _Atomic int64_t g_urgent_until;
+static _Thread_local int t_urgent;  /* this thread is one of them          */
+
+static void fast_enter_locked(void)
+{
+    unsigned long cur;
+    if (g_fast_on || !tc_lower_switch_supported())
+        return;
+    if ((cur = tc_switch_interval_us()) <= TC_FAST_SWITCH_US)
+        return; /* the user runs a short interval already */
+    g_fast_saved = cur;
+    /* The waiters wait the new interval at once (tc_gil.c); if waking them
+     * fails, each waits out its current wait first: later, not wrong. */
+    if (tc_set_switch_interval_us(TC_FAST_SWITCH_US, 1) != 0)
+        STAT_INC(rewait_errors);
+    g_fast_on = 1;
+    g_fast_since = now_ns();
+    STAT_INC(fast_windows);
+    atomic_store(&g_fast_flag, 1);
+}
+
+/* Whether the interval found at the window's end is still the window's: the
+ * value it set, or that value written back through sys -- code that saves
+ * sys.getswitchinterval() inside the window and restores it (a common
+ * save/restore around some work) stores 199 us, not 200: sys reads the
+ * interval as 1e-6 * us (0.00019999999999999998) and stores (unsigned
+ * long)(1e6 * seconds), which truncates to 199.  Taken for the user's own
+ * setting, that value stayed for good: below the window's, so no window
+ * opened again and the whole process ran at ~200 us. */
+static int fast_interval_is_ours(unsigned long cur)
+{
+    const double sys_read = 1e-6 * (double)TC_FAST_SWITCH_US;
+    return cur == TC_FAST_SWITCH_US || cur == (unsigned long)(1e6 * sys_read);
+}
+
+/* With `rewait`, the waiters wait the user's interval afresh (tc_gil.c): a
+ * short wait that began before this would otherwise ask the holder to let
+ * go within TC_FAST_SWITCH_US -- often the thread whose interrupt was just
+ * claimed, on its way to its handler, which then queued for the GIL at the
+ * user's interval behind every busy thread.  No waiter, no wake-up: only a
+ * busy process pays for it.  Without (the fork child: no other thread, and
+ * the GIL's mutex may be in any state there), a plain store. */
+static void fast_leave_locked(int rewait)
+{
+    if (!g_fast_on)
+        return;
+    if (fast_interval_is_ours(tc_switch_interval_us()) &&
+        tc_set_switch_interval_us(g_fast_saved, rewait) != 0)
+        STAT_INC(rewait_errors);
+    g_fast_on = 0;
+    atomic_fetch_add_explicit(&g_st.fast_ns, (uint64_t)(now_ns() - g_fast_since),
+                              memory_order_relaxed);
+    atomic_store(&g_fast_flag, 0);
+}
+
+static void fast_enter(void)
+{
+    pthread_mutex_lock(&g_fast_mu);
+    fast_enter_locked();
+    pthread_mutex_unlock(&g_fast_mu);
+}
+
+static void fast_leave(void)
+{
+    pthread_mutex_lock(&g_fast_mu);
+    fast_leave_locked(1);
+    pthread_mutex_unlock(&g_fast_mu);
+}
+
+/* A scope's exit has claimed its interrupt (GIL held, any thread): close the
+ * window here if nothing else keeps it open, instead of waking the watchdog
+ * to do it -- a futex wake of a thread on another CPU costs the exiting
+ * thread ~20 us on this machine class (an inter-processor interrupt in a
+ * VM), a third of a quiet block's whole exit.  Returns 0 if the watchdog
+ * must decide (it has something due now, or another thread needs the
+ * window: then the caller wakes it).  The watchdog's own plan may have been
+ * made before the claim: the sequence bump makes a futex wait it has not
+ * started yet return at once, so it plans again, and one it has started
+ * runs to its planned time, which finds the window closed. */
+static int fast_close_after_claim(void)
+{
+    int64_t fast_until, look_at, now;
+    wd_event ev;
+    int closed;
+    if (!atomic_load(&g_fast_flag))
+        return 1;
+    ev = wd_plan(&fast_until, &look_at);
+    now = now_ns();
+    if (fast_until > now || ev.at <= now)
+        return 0;
+    /* g_wd_taking is set under g_fast_mu (gil_take): a take that starts
+     * after this keeps the window it opens. */
+    pthread_mutex_lock(&g_fast_mu);
+    closed = !atomic_load(&g_wd_taking) && atomic_load(&g_urgent_n) == 0;
+    if (closed)
+        fast_leave_locked(1);
+    pthread_mutex_unlock(&g_fast_mu);
+    if (!closed)
+        return 0;
+    atomic_fetch_add(&g_wd_seq, 1);
+    /* an urgent thread that came meanwhile: the woken watchdog opens it again */
+    return atomic_load(&g_urgent_n) == 0;
+}
+
+/* The exit that claimed an interrupt is about to return (GIL held, the
+ * slot's own thread).  If no waiter has asked for the GIL, the window
+ * closes now if nothing else keeps it (fast_close_after_claim; closing
+ * restarts the waiters' waits at the user's interval: fast_leave_locked).
+ * If one has, this thread gives the GIL away at its next breaker check, on
+ * its way to the caller's handler, and must get it back within the window:
+ * it stays open -- or opens -- for TC_EXIT_LINGER_NS (tc_internal.h), and
+ * the watchdog closes it then.  The watchdog is woken only if it means to
+ * sleep well past that (a futex wake of a thread on another CPU costs the
+ * exiting thread ~20 us on this machine class); else the sequence bump
+ * makes a wait it has not started yet return at once, and one it has
+ * started ends soon enough. */
+static void fast_after_claim(tc_slot *s)
+{
+    int64_t until, wake;
+    if (!tc_lower_switch_supported() || !tc_gil_drop_requested()) {
+        atomic_store(&s->exit_until, 0);
+        if (!fast_close_after_claim())
+            wd_wake(); /* it closes the fast window */
+        return;
+    }
+    STAT_INC(exit_lingers);
+    until = now_ns() + TC_EXIT_LINGER_NS;
+    atomic_store(&s->linger_until, until);
+    atomic_store(&s->exit_until, 0);
+    fast_enter();
+    wake = atomic_load(&g_wd_wake_at);
+    if (wake > until + TC_EXIT_LINGER_NS) /* 0 while it is awake */
+        wd_wake();
+    else
+        atomic_fetch_add(&g_wd_seq, 1);
+}
+
+/* Without the GIL, any thread: open the fast window for this thread, which
+ * is about to take the GIL back to act on something urgent (the registry's
+ * subscriber with a cancel to apply), until it calls wd_urgent_end or at
+ * most TC_URGENT_MAX_NS.  Its own take_gil() may already wait the old
+ * interval: opening the window wakes it (tc_gil.c), so it asks the holder to
+ * let go after the fast interval.  The window stays open while it applies
+ * the message: every GIL release on the way (a socket read) would
+ * otherwise cost it a whole switch interval to come back. */
+static void wd_urgent_begin(void)
+{
+    int64_t until = now_ns() + TC_URGENT_MAX_NS;
+    int64_t cur = atomic_load(&g_urgent_until);
+    while (cur < until && !atomic_compare_exchange_weak(&g_urgent_until, &cur, until))
+        ;
+    if (!t_urgent) {
+        t_urgent = 1;
+        atomic_fetch_add(&g_urgent_n, 1);
+    }
+    wd_wake();
+}
+
+/* Any thread: this thread's urgent work is done (nothing if it had none);
+ * the watchdog closes the window if nothing else keeps it open. */
+static void wd_urgent_end(void)
+{
+    if (!t_urgent)
+        return;
+    t_urgent = 0;
+    if (atomic_fetch_sub(&g_urgent_n, 1) == 1)
+        wd_wake();
+}

@@ -1,0 +1,330 @@
+/*
+ * tc_wd_main.c -- the watchdog thread's loop (wd_main: plan, place, sleep,
+ * fire), where it waits on a free-threaded build (wd_place, wd_step_aside:
+ * accelerator placement), and its lifecycle: start (wd_ensure), stop and
+ * join (wd_stop), forget after fork.  Part of the unity build
+ * (timeoutcore.c), after tc_wd_fire.c.
+ *
+ * Who calls what: wd_main and wd_place run in the watchdog thread, which
+ * has all signals blocked and one thread state of its own; it plans
+ * without the GIL and takes it only to act (tc_watchdog.c).  wd_step_aside
+ * runs in a guarded thread that fired or raised its own deadline (its
+ * hook, tc_deliver.c: prearm_fire).  wd_ensure and wd_stop run with the GIL (released while
+ * waiting or joining); wd_forget_after_fork in the fork child, where no
+ * other thread exists.  Nothing here runs in a signal handler.
+ */
+
+#if TC_FREE_THREADED
+/* Where the watchdog waits (tc_internal.h: TC_PIN_AHEAD_NS), decided before
+ * it sleeps until `wake` for `ev`.  For a pre-armed slot's fire at the
+ * grace's end: on the CPU its thread's hook last ran on, from
+ * TC_PIN_AHEAD_NS before the deadline (an earlier wake-up, returned, to move
+ * then: the CPU is fresh, and the move's own scheduling is over well before
+ * the deadline).  Once that slot has fired, where it is until the block has
+ * claimed the interrupt: when the watchdog fired it, its going to sleep
+ * there is what lets the thread back on that CPU.  (Moving off at once
+ * measured far worse: delivered 3-6 ms after the fire, against ~0.1 ms or
+ * a tick.)  The thread itself moves the watchdog off its CPU when it fires
+ * its own deadline or raises a fired one (wd_step_aside): a wake-up there
+ * -- at the grace's end, or the one the hook's disarm asks for -- would
+ * preempt it on its way out, and it would wait a tick behind a busy thread
+ * (measured: caught ~2 ms after raising on time, 14 trials in 150).
+ * Otherwise: its own CPU set.  Tried and not kept: the thread moving the
+ * sleeping watchdog to its CPU at its first pre-armed line, so that the
+ * watchdog never moves itself while it runs (48-60 % of deadlines within
+ * 0.5 ms against 53-72 %, alternated runs).  Returns when to wake. */
+static tc_slot *g_pin_slot;   /* the watchdog's: the slot it moved for, */
+static int64_t g_pin_fired_at; /* ... and when it first saw it fired */
+
+static int64_t wd_place(wd_event ev, int64_t wake, int64_t now)
+{
+    tc_slot *s = ev.slot;
+    int place = atomic_load(&g_place);
+    if (!accel_on(ACCEL_PLACEMENT))
+        return wake;
+    if (s != NULL && ev.deadline != TC_NEVER && ev.at == ev.deadline + TC_PREARM_GRACE_NS &&
+        atomic_load(&s->prearmed) && atomic_load(&s->state) == SLOT_ARMED) {
+        int64_t pin_at = ev.deadline - TC_PIN_AHEAD_NS;
+        int cpu = atomic_load(&s->cpu);
+        if (now < pin_at)
+            return wake < pin_at ? wake : pin_at;
+        if (cpu >= 0 && cpu != place && os_place(cpu) == 0)
+            STAT_INC(pins);
+        g_pin_slot = s;
+        g_pin_fired_at = 0;
+        return wake;
+    }
+    if (g_pin_slot != NULL && atomic_load(&g_pin_slot->state) == SLOT_INJECTED) {
+        /* fired: where it is until the block has claimed it, and while the
+         * interrupt waits for its thread, asleep there again and again */
+        if (g_pin_fired_at == 0)
+            g_pin_fired_at = now;
+        if (atomic_load(&g_pin_slot->pending_any) && now - g_pin_fired_at < TC_PIN_NUDGE_FOR_NS &&
+            wake > now + TC_PIN_NUDGE_NS)
+            wake = now + TC_PIN_NUDGE_NS;
+        return wake;
+    }
+    g_pin_slot = NULL;
+    g_pin_fired_at = 0;
+    (void)os_place(TC_CPUS_OWN);
+    return wake;
+}
+
+/* A guarded thread that fired its own pre-armed deadline, or is raising a
+ * fired one, any lock held: keep the watchdog off its CPU (os_push_away;
+ * nothing unless the watchdog waits there). */
+static void wd_step_aside(void)
+{
+    if (accel_on(ACCEL_PLACEMENT))
+        os_push_away((pid_t)atomic_load(&g_wd_tid), sched_getcpu());
+}
+#endif
+
+static void *wd_main(void *arg)
+{
+    (void)arg;
+    PyGILState_STATE gs;
+    PyThreadState *ts;
+
+    /* Precise wake-ups; failure only costs precision. */
+    (void)prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    /* A short slice: woken at a deadline, it preempts a busy thread at once
+     * instead of waiting for the CPU behind it (tc_internal.h:
+     * TC_WD_SLICE_NS).  Failure (an old kernel ignores it; a sandbox may
+     * refuse it) only costs precision. */
+    (void)os_short_slice(TC_WD_SLICE_NS);
+#if TC_FREE_THREADED
+    os_place_init();
+#endif
+    os_place_start();
+    atomic_store(&g_wd_tid, (int)syscall(SYS_gettid));
+    gs = PyGILState_Ensure();
+    ts = PyEval_SaveThread();
+    atomic_store(&g_wd_ready, 1);
+    futex_wake_all(&g_wd_ready);
+
+    for (;;) {
+        int64_t fast_until, fu2, look_at, look2;
+        if (atomic_load(&g_wd_stop)) {
+            fast_leave();
+            PyEval_RestoreThread(ts);
+            break;
+        }
+        uint32_t seen = atomic_load(&g_wd_seq);
+        wd_event ev = wd_plan(&fast_until, &look_at);
+        atomic_store(&g_wd_planned, ev.at < look_at ? ev.at : look_at);
+        /* Dekker with wd_notify: a deadline stored before our store above
+         * is seen by this second look; one stored after sees our plan. */
+        wd_event ev2 = wd_plan(&fu2, &look2);
+        if (ev2.at < ev.at)
+            ev = ev2;
+        if (look2 < look_at)
+            look_at = look2;
+        atomic_store(&g_wd_planned, ev.at < look_at ? ev.at : look_at);
+        if (fu2 > fast_until)
+            fast_until = fu2;
+        if (atomic_load(&g_urgent_n) > 0 && (fu2 = atomic_load(&g_urgent_until)) > fast_until)
+            fast_until = fu2;
+        int64_t t0 = now_ns(), off_at = hook_idle_off_at(ev.at, t0);
+        atomic_store(&g_wd_seen_at, t0);
+        if (off_at <= t0) { /* free-threaded: idle delivery events go (tc_hook_monitoring.c) */
+            PyEval_RestoreThread(ts);
+            hook_idle_off(t0);
+            ts = PyEval_SaveThread();
+            continue;
+        }
+        if (ev.at > t0) {
+            int64_t wake = ev.at < off_at ? ev.at : off_at;
+            if (look_at < wake) /* a pre-armed deadline: the window's look */
+                wake = look_at;
+            if (fast_until > t0) { /* an interrupt on its way: keep it open */
+                fast_enter();
+                if (fast_until < wake)
+                    wake = fast_until;
+            }
+            else
+                fast_leave();
+            os_rescue_undo(); /* after a rescue: its own set again (wd_rescue) */
+#if TC_FREE_THREADED
+            wake = wd_place(ev, wake, t0);
+#endif
+            wd_backstop(ev.slot, ev.gen, ev.deadline);
+            STAT_INC(watchdog_wakeups);
+            atomic_store(&g_wd_wake_at, wake);
+            (void)futex_wait_until(&g_wd_seq, seen, wake); /* any return: plan again */
+            atomic_store(&g_wd_wake_at, 0);
+            continue;
+        }
+        if (atomic_load(&ev.slot->gen) != ev.gen)
+            continue; /* it changed while we looked: plan again */
+#if TC_SELF_FIRE
+        if (accel_on(ACCEL_SELF_FIRE) && atomic_load(&ev.slot->state) == SLOT_ARMED && wd_watch(ev))
+            continue; /* its thread holds the GIL: it fires itself */
+#endif
+
+        int busy = gil_take(ts, ev.slot);
+        if (atomic_load(&g_wd_stop)) {
+            fast_leave();
+            break;
+        }
+        int64_t t1 = now_ns();
+        /* The GIL came at once (within a fast interval or two: at most the
+         * guarded thread was queued for it).  Only then, and with
+         * TC_PREPARE_MIN_LEFT_NS to spare, does the watchdog prepare the
+         * exception (wd_prepare): that runs Python, which gives the GIL away
+         * when a waiter has waited a whole interval -- in a crowded process
+         * the watchdog would then queue for it again behind every other
+         * thread; here at most the guarded thread runs meanwhile, before its
+         * deadline, and the watchdog retakes the GIL one fast interval later.
+         * (Running Python may also run a garbage collection, and with it
+         * finalizers, on the watchdog's thread.)  Free-threaded
+         * it never prepares: measured with 3 spinning threads on 2 cores,
+         * preparing made 1 delivery in 8 wait ~50 ms (cause not isolated;
+         * the watchdog's Python work in a process where every stop of the
+         * world waits for each busy thread to be scheduled), while the exit
+         * it speeds up is a tenth of a millisecond. */
+        int quiet = !TC_FREE_THREADED && !busy && t1 - t0 < TC_PREARM_QUIET_NS;
+        if (ev.deadline != TC_NEVER)
+            wd_learn_crowd(t1 - t0);
+        if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
+            /* Early: pre-arm, and let the thread run on to fire its deadline
+             * itself (tc_deliver.c: pre-armed slots); 3.12+ with a GIL only
+             * if the GIL was free and came quickly (tc_internal.h:
+             * TC_PREARM_QUIET_NS). */
+            int may_prearm = TC_PREARM_ALWAYS || quiet;
+#if TC_TRACK_FRAMES
+            /* 3.13: the thread will fire by itself, past wd_sweep's prune --
+             * drop the scopes whose exit was skipped first (a change bumps
+             * the slot's gen: the pre-arm below then declines). */
+            if (may_prearm)
+                wd_prune_slot(ev.slot);
+#endif
+            if (may_prearm && wd_prearm(ev.slot, ev.gen)) {
+                if (quiet)
+                    wd_prepare(ev.slot, ev.deadline);
+                refresh_switch_interval();
+                ts = PyEval_SaveThread();
+                continue;
+            }
+        }
+        /* Not pre-armed (3.12+, no hook, or the slot changed): with a GIL,
+         * act at the deadline itself, holding the GIL up to it. */
+        if (!TC_FREE_THREADED && ev.deadline != TC_NEVER && ev.deadline > t1 &&
+            atomic_load(&ev.slot->gen) == ev.gen) {
+            if (!busy && t1 - t0 < atomic_load(&g_switch) / 2 &&
+                ev.deadline - t1 > TC_REQUEUE_MIN_LEFT_NS) {
+                /* The GIL came easily: the body releases it often (I/O).
+                 * Holding it for the rest of the lead would stall the body;
+                 * give it back and come again just before the deadline. */
+                STAT_INC(requeues);
+                ts = PyEval_SaveThread();
+                sleep_until(ev.deadline - TC_REQUEUE_EARLY_NS);
+                (void)gil_take(ts, ev.slot);
+                if (atomic_load(&g_wd_stop)) {
+                    fast_leave();
+                    break;
+                }
+            }
+            /* Hold the GIL up to the deadline: the body cannot run now, so
+             * the interrupt lands when it resumes. */
+            if (atomic_load(&ev.slot->gen) == ev.gen) {
+                STAT_INC(gil_holds);
+                if (quiet)
+                    wd_prepare(ev.slot, ev.deadline);
+                sleep_until(ev.deadline);
+            }
+        }
+        wd_sweep(now_ns());
+        hook_drain(); /* outside g_mu: it runs Python code (tc_hook_trace.c) */
+        refresh_switch_interval();
+        ts = PyEval_SaveThread();
+    }
+    /* Here we hold the GIL: release the thread state made above with it. */
+    PyGILState_Release(gs);
+    return NULL;
+}
+
+/* Start the watchdog if it is not running.  GIL held.  Its signal mask
+ * blocks everything: the core's signal must only reach guarded threads.
+ * `wait`: a block is about to start -- let the GIL go until the watchdog is
+ * ready (below).  (Not in a fork child's restart: that thread runs on at
+ * once, as it did in the parent.) */
+static int wd_ensure(int wait)
+{
+    sigset_t all, old;
+    int err;
+    if (g_wd_running)
+        return 0;
+    refresh_switch_interval();
+    atomic_store(&g_wd_stop, 0);
+    atomic_store(&g_wd_planned, 0);
+    atomic_store(&g_wd_ready, 0);
+    sigfillset(&all);
+    if ((err = pthread_sigmask(SIG_SETMASK, &all, &old)) != 0)
+        goto fail;
+    err = pthread_create(&g_wd, NULL, wd_main, NULL);
+    (void)pthread_sigmask(SIG_SETMASK, &old, NULL); /* restoring a valid mask */
+    if (err != 0)
+        goto fail;
+    g_wd_running = 1;
+#if !TC_FREE_THREADED
+    /* The watchdog takes the GIL once as it starts (its thread state), and
+     * the caller -- about to run a body under a deadline -- would hold it
+     * for a switch interval: the process's first deadline was then late by
+     * up to that (a 1 ms deadline on a CPU loop in a pool worker: raised
+     * 5-16 ms after the entry on 3.11-3.13, 1.4-1.7 ms with the wait).  So
+     * the caller lets it go until the watchdog is ready; bounded, for a
+     * start that can never take the GIL (a thread started during
+     * finalization is ended there). */
+    if (wait) {
+        int64_t until = now_ns() + TC_WD_READY_MAX_NS;
+        Py_BEGIN_ALLOW_THREADS
+        while (!atomic_load(&g_wd_ready) && now_ns() < until)
+            (void)futex_wait_until(&g_wd_ready, 0, until);
+        Py_END_ALLOW_THREADS
+    }
+#else
+    (void)wait; /* nothing to wait for: the watchdog needs no GIL to start */
+#endif
+    return 0;
+fail:
+    errno = err;
+    PyErr_SetFromErrno(PyExc_OSError);
+    return -1;
+}
+
+/* Stop and join the watchdog (GIL held; released while joining).  Returns
+ * 0 or an errno from pthread_join. */
+static int wd_stop(void)
+{
+    int err = 0;
+    if (!g_wd_running)
+        return 0;
+    atomic_store(&g_wd_stop, 1);
+    wd_wake();
+    Py_BEGIN_ALLOW_THREADS
+    err = pthread_join(g_wd, NULL);
+    Py_END_ALLOW_THREADS
+    g_wd_running = 0;
+    atomic_store(&g_wd_tid, 0); /* gone: a late backstop moves nothing */
+    return err;
+}
+
+/* After fork, in the child (no other thread exists): forget the watchdog. */
+static void wd_forget_after_fork(void)
+{
+    fast_leave_locked(0); /* the child starts with the user's interval */
+    g_wd_running = 0;
+    atomic_store(&g_wd_tid, 0); /* the parent's: never moved from here */
+    atomic_store(&g_wd_seen_at, 0);
+    atomic_store(&g_wd_ready, 0);
+#if TC_FREE_THREADED
+    os_place_init(); /* no watchdog to move until the child's starts */
+    g_pin_slot = NULL;
+    g_pin_fired_at = 0;
+#endif
+    atomic_store(&g_wd_planned, 0);
+    atomic_store(&g_urgent_until, 0);
+    atomic_store(&g_urgent_n, 0); /* only this thread is left: its own mark goes too */
+    t_urgent = 0;
+}
