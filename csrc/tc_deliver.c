@@ -259,8 +259,8 @@ static void wd_step_aside(void); /* tc_wd_main.c */
  * GIL / core lock); the other finds nothing to do. */
 
 /* How long switching the delivery events lately took: a maximum that decays
- * by an eighth a switch.  Free-threaded, each switch stops the world, and
- * the watchdog pre-arms twice that long ahead of a deadline (prearm_lead),
+ * by 1/TC_EVENTS_COST_DECAY a switch.  Free-threaded, each switch stops the world, and
+ * the watchdog pre-arms TC_PREARM_LEAD_STOPS times that long ahead of a deadline (prearm_lead),
  * so that the stop is over -- and the guarded thread runs again -- before
  * the deadline; with a GIL a switch is cheap and only reported.  Written by
  * whoever switched (a lost update between two of them only costs one
@@ -271,7 +271,7 @@ static _Atomic int64_t g_events_cost_ns;
 static int64_t prearm_lead(void)
 {
 #if TC_FREE_THREADED
-    int64_t lead = 2 * atomic_load(&g_events_cost_ns);
+    int64_t lead = TC_PREARM_LEAD_STOPS * atomic_load(&g_events_cost_ns);
     return !accel_on(ACCEL_PREARM)        ? 0 /* none: the watchdog comes at the deadline */
            : lead < TC_PREARM_LEAD_MIN_NS ? TC_PREARM_LEAD_MIN_NS
            : lead > TC_PREARM_LEAD_MAX_NS ? TC_PREARM_LEAD_MAX_NS : lead;
@@ -292,7 +292,7 @@ static inline void slot_note_cpu(tc_slot *s)
 
 /* The hook's test, any thread, no lock: pre-armed and due?  Free-threaded,
  * a pre-armed slot's thread also notes its CPU here for the watchdog
- * (tc_internal.h: TC_PIN_AHEAD_NS). */
+ * (tc_tuning.h: TC_PIN_AHEAD_NS). */
 static inline int prearm_due(tc_slot *s)
 {
     if (!atomic_load(&s->prearmed))

@@ -154,7 +154,7 @@ static int fast_close_after_claim(void)
  * restarts the waiters' waits at the user's interval: fast_leave_locked).
  * If one has, this thread gives the GIL away at its next breaker check, on
  * its way to the caller's handler, and must get it back within the window:
- * it stays open -- or opens -- for TC_EXIT_LINGER_NS (tc_internal.h), and
+ * it stays open -- or opens -- for TC_EXIT_LINGER_NS (tc_tuning.h), and
  * the watchdog closes it then.  The watchdog is woken only if it means to
  * sleep well past that (a futex wake of a thread on another CPU costs the
  * exiting thread ~20 us on this machine class); else the sequence bump

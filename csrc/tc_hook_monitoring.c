@@ -85,7 +85,7 @@ static inline int jump_defer(tc_slot *s, PyObject *code, long to, int vetted)
 static void events_learn(int64_t took) /* g_events_cost_ns, above */
 {
     int64_t c = atomic_load(&g_events_cost_ns);
-    c -= c / 8;
+    c -= c / TC_EVENTS_COST_DECAY;
     atomic_store(&g_events_cost_ns, took > c ? took : c);
 }
 
@@ -118,7 +118,6 @@ static int set_events(long mask)
  * (hook_idle_off) -- the delivering thread never waits for a stop of the
  * world on its way out, and deadlines firing close together arm without
  * one. */
-#define TC_EVENTS_HOLD_NS 5000000LL
 static int g_events_on;              /* the events are switched on (g_arm_mu) */
 static _Atomic int64_t g_events_idle_at; /* free-threaded: when the last hook
                                             was disarmed, 0 if armed or off */
@@ -211,7 +210,6 @@ static void hook_idle_off(int64_t now)
  * 3 spinning threads: a 50 ms deadline landed 57 ms late), while an
  * unparked one keeps running.  After TC_HOOK_MAX_SKIPS boundaries in a row
  * it waits after all, so a lock held over and over cannot starve it. */
-#define TC_HOOK_MAX_SKIPS 256
 static inline int hook_core_busy(tc_slot *s)
 {
 #if TC_FREE_THREADED

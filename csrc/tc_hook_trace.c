@@ -122,7 +122,7 @@ static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg
  * traces from its next instruction and fires at its next line; if it does
  * not hold the GIL then, the handler wakes the watchdog, which opens the
  * fast window for it (wd_plan).  The timer is then set again for the
- * watchdog's backstop (tc_internal.h: TC_BACKSTOP_NS).  A delivery for the
+ * watchdog's backstop (tc_tuning.h: TC_BACKSTOP_NS).  A delivery for the
  * slot (hook_arm while hooked) or its disarm wakes the tracer with the GIL
  * (hook_wake).  Without a kernel timer the tracer stays awake.
  *

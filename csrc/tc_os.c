@@ -97,7 +97,7 @@ static int os_short_slice(uint64_t ns)
     return 0;
 }
 
-/* Where the watchdog runs (free-threaded builds only: tc_internal.h,
+/* Where the watchdog runs (free-threaded builds only: tc_tuning.h,
  * TC_PIN_AHEAD_NS): g_place is TC_CPUS_OWN (its own CPU set), a CPU k >= 0
  * (k only) or TC_CPUS_AWAY(k) (its set but k), and always says what its
  * affinity is: it changes only together with the affinity, under
@@ -189,7 +189,7 @@ static void os_push_away(pid_t tid, int cpu)
 }
 #endif
 
-/* -- The watchdog's rescue (tc_internal.h: TC_BACKSTOP_NS) -------------------
+/* -- The watchdog's rescue (tc_tuning.h: TC_BACKSTOP_NS) -------------------
  * The backstop's signal handler, in a guarded thread on `cpu` (async-signal-
  * safe: a few system calls), moves a starved watchdog `tid` to that CPU --
  * one it started with, whatever its affinity is at that moment (os_rescue:

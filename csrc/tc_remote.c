@@ -269,8 +269,6 @@ static int remote_peek(int fd, tc_slot **marked)
  * busy threads it is one more thread queued for the GIL.  Waits until each
  * slot's interrupt has been raised, claimed and its exit hooks have run, or
  * TC_REMOTE_YIELD_NS at most (a job in protected code, or blocked). */
-#define TC_REMOTE_YIELD_NS 5000000LL
-#define TC_REMOTE_YIELD_STEP_NS 100000LL
 static void remote_yield(tc_slot **marked, int n)
 {
     int64_t end = now_ns() + TC_REMOTE_YIELD_NS;

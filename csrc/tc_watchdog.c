@@ -34,7 +34,7 @@ static _Atomic uint32_t g_wd_ready;       /* it has its thread state      */
 static _Atomic int64_t g_lead = TC_SWITCH_DEFAULT_NS + TC_LEAD_MARGIN_NS;
 static _Atomic int64_t g_switch = TC_SWITCH_DEFAULT_NS;
 /* How much longer than one switch interval the watchdog has lately waited for
- * the GIL ahead of a deadline (an average over the last ~8 waits, written by
+ * the GIL ahead of a deadline (an average over the last ~TC_CROWD_WEIGHT waits, written by
  * the watchdog only): ~0 in a quiet process, the queue in front of it in a
  * crowded one.  With a GIL the lead grows by it (refresh_switch_interval, at
  * most TC_LEAD_CROWD_MAX_NS), so that the watchdog is at the deadline in
@@ -44,7 +44,7 @@ static _Atomic int64_t g_crowd_ns;
 static void wd_learn_crowd(int64_t waited)
 {
     int64_t extra = waited - atomic_load(&g_switch), c = atomic_load(&g_crowd_ns);
-    atomic_store(&g_crowd_ns, c + ((extra > 0 ? extra : 0) - c) / 8);
+    atomic_store(&g_crowd_ns, c + ((extra > 0 ? extra : 0) - c) / TC_CROWD_WEIGHT);
 }
 
 static int wd_running(void) { return g_wd_running; }
@@ -69,7 +69,7 @@ static inline int slot_asleep(tc_slot *s)
 
 /* Slot s's deadline may have moved earlier: wake the watchdog if it means to
  * sleep past the moment it must ask for the GIL (free-threaded: pre-arm).
- * The watchdog may not get a CPU (tc_internal.h: TC_BACKSTOP_NS), and then
+ * The watchdog may not get a CPU (tc_tuning.h: TC_BACKSTOP_NS), and then
  * cannot arm the slot's backstop itself: it is armed here first when the
  * watchdog must be woken (a futex wake is paid anyway), or when it is
  * overdue -- its planned moment has passed, so it is busy, or starved.  An

@@ -15,7 +15,7 @@
  */
 
 #if TC_FREE_THREADED
-/* Where the watchdog waits (tc_internal.h: TC_PIN_AHEAD_NS), decided before
+/* Where the watchdog waits (tc_tuning.h: TC_PIN_AHEAD_NS), decided before
  * it sleeps until `wake` for `ev`.  For a pre-armed slot's fire at the
  * grace's end: on the CPU its thread's hook last ran on, from
  * TC_PIN_AHEAD_NS before the deadline (an earlier wake-up, returned, to move
@@ -89,7 +89,7 @@ static void *wd_main(void *arg)
     /* Precise wake-ups; failure only costs precision. */
     (void)prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
     /* A short slice: woken at a deadline, it preempts a busy thread at once
-     * instead of waiting for the CPU behind it (tc_internal.h:
+     * instead of waiting for the CPU behind it (tc_tuning.h:
      * TC_WD_SLICE_NS).  Failure (an old kernel ignores it; a sandbox may
      * refuse it) only costs precision. */
     (void)os_short_slice(TC_WD_SLICE_NS);
@@ -189,7 +189,7 @@ static void *wd_main(void *arg)
         if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
             /* Early: pre-arm, and let the thread run on to fire its deadline
              * itself (tc_deliver.c: pre-armed slots); 3.12+ with a GIL only
-             * if the GIL was free and came quickly (tc_internal.h:
+             * if the GIL was free and came quickly (tc_tuning.h:
              * TC_PREARM_QUIET_NS). */
             int may_prearm = TC_PREARM_ALWAYS || quiet;
 #if TC_TRACK_FRAMES
@@ -211,7 +211,7 @@ static void *wd_main(void *arg)
          * act at the deadline itself, holding the GIL up to it. */
         if (!TC_FREE_THREADED && ev.deadline != TC_NEVER && ev.deadline > t1 &&
             atomic_load(&ev.slot->gen) == ev.gen) {
-            if (!busy && t1 - t0 < atomic_load(&g_switch) / 2 &&
+            if (!busy && t1 - t0 < atomic_load(&g_switch) / TC_REQUEUE_QUICK_DIV &&
                 ev.deadline - t1 > TC_REQUEUE_MIN_LEFT_NS) {
                 /* The GIL came easily: the body releases it often (I/O).
                  * Holding it for the rest of the lead would stall the body;

@@ -3,7 +3,8 @@
  * unit, which includes each part in order, so that `static` helpers and
  * inlining work across them while each concern has its own file.  The
  * contract is in timeoutcore.h; structs, fields and their locks in
- * tc_internal.h; every CPython-version switch in tc_compat.h.
+ * tc_internal.h; every tuning constant in tc_tuning.h; every
+ * CPython-version switch in tc_compat.h.
  *
  *   tc_accel.c            which latency accelerators are on, and why one
  *                         is off
