@@ -267,16 +267,20 @@ static void os_rescue_undo(void)
 #endif
 }
 
-/* -- The signal handler: async-signal-safe, tiny ----------------------------- */
+/* -- The signal handler: async-signal-safe, no lock -------------------------- */
 
 /* Its first purpose is to exist: installed without SA_RESTART, it makes the
- * guarded thread's blocking system call fail with EINTR.  Its second: a
- * signal from the thread's own timer (si_value: its slot) may be the
- * watchdog's backstop (wd_rescue: a few atomics and system calls), or, on
- * 3.11, the alarm that wakes the thread's sleeping tracer at its deadline
- * (tc_deliver.c: hook_wake_here, the same kind of work).  Decisions are
- * taken from the slot's state, never from the signal, so a stale or late
- * signal is harmless. */
+ * guarded thread's blocking system call fail with EINTR.  It saves and
+ * restores errno and counts the signal (a relaxed atomic).  Its second: a
+ * signal from the thread's own timer (si_value: its slot) may be, on 3.11,
+ * the alarm that wakes the thread's sleeping tracer at its deadline
+ * (tc_hook_trace.c: hook_wake_here: atomics, a clock read, one byte store
+ * into this thread's cframe, timer_settime, a futex wake), or else the
+ * watchdog's backstop (wd_rescue: atomics, getcpu, a try-locked
+ * sched_setaffinity of the watchdog, a futex wake, sched_yield).  No lock,
+ * no allocation, no Python API: timeoutcore.h (ASYNC-SIGNAL-SAFETY) says
+ * why each step is safe here.  Decisions are taken from the slot's state,
+ * never from the signal, so a stale or late signal is harmless. */
 static void tc_handler(int signo, siginfo_t *si, void *uc)
 {
     int saved = errno;

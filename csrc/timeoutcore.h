@@ -74,21 +74,42 @@
  *     WITHOUT the GIL, from any thread; tc_export() takes the GIL itself.
  *
  * ASYNC-SIGNAL-SAFETY
- *   The signal handler only saves errno, bumps a relaxed atomic counter and
- *   restores errno.  Its one purpose is to exist: installed without
- *   SA_RESTART, it makes the blocking system call of the guarded thread fail
- *   with EINTR.  Decisions are taken from the slot's state, never from the
- *   signal, so a stale or late signal is harmless.  The pthread_atfork child
+ *   The signal handler (tc_os.c: tc_handler) runs in the guarded thread.
+ *   Its first purpose is to exist: installed without SA_RESTART, it makes
+ *   the thread's blocking system call fail with EINTR.  It saves and
+ *   restores errno and bumps a relaxed atomic counter.  For a signal of the
+ *   thread's own kernel timer (SI_TIMER, si_value = its slot; slots are
+ *   never freed) it may also do, all without a lock, allocation or Python
+ *   API call:
+ *   - 3.11, the sleeping tracer's alarm (tc_hook_trace.c: hook_wake_here):
+ *     atomic loads and stores on the slot, clock_gettime, one relaxed byte
+ *     store into its own thread's cframe->use_tracing (a CPython tracing
+ *     field; the races with other writers are set out there), a relaxed
+ *     read of the GIL's locked/last_holder (tc_gil.c: tc_gil_holder),
+ *     timer_settime to re-arm the timer as the backstop, and a wake of the
+ *     watchdog (an atomic add and FUTEX_WAKE);
+ *   - the watchdog's backstop (tc_watchdog.c: wd_rescue, tc_os.c:
+ *     os_rescue): atomic loads, getcpu, a try-lock (an atomic exchange that
+ *     gives up when taken) around sched_getaffinity/sched_setaffinity of
+ *     the watchdog thread (it moves it to this CPU), the watchdog's futex
+ *     wake, and sched_yield.
+ *   timer_settime and clock_gettime are async-signal-safe by POSIX; the
+ *   others are raw Linux system calls and atomics, which take no user-space
+ *   lock and cannot deadlock with the code they interrupt.  Decisions are
+ *   taken from the slot's state, never from the signal, so a stale or late
+ *   signal is harmless.  The pthread_atfork child
  *   handler is not a signal handler: it runs in the child right after fork(),
  *   where only the forking thread exists, unlocks the registry mutex that
  *   thread took in the prepare handler, and otherwise uses raw syscalls and
  *   plain stores.
  *
  * CPYTHON INTERNALS
- *   Supported: CPython 3.11-3.14 with the GIL.  Which private fields and
- *   functions are used on which version: tc_compat.h, the only file that
- *   tests PY_VERSION_HEX but for tc_gil.c (with tc_gil_check.c), the one
- *   unit built with the internal headers.  Every address that unit uses is
+ *   Supported: CPython 3.11-3.14 with the GIL, and free-threaded 3.14t
+ *   (where the core lock of tc_lock.h stands in for the GIL in every "with
+ *   the GIL" above).  Which private fields and functions are used on which
+ *   version: tc_compat.h, the only file that tests PY_VERSION_HEX but for
+ *   tc_gil.c (with tc_gil_check.c), the one unit built with the internal
+ *   headers.  Every address that unit uses is
  *   checked at import against the interpreter's public API; if one fails,
  *   the accelerators that need them are off and the core runs without them.
  *
