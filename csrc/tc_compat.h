@@ -194,9 +194,9 @@ static inline int tc_optional_attr(PyObject *o, PyObject *name, PyObject **resul
 /* -- Raising from a sys.monitoring JUMP callback ------------------------------
  * 3.12's instrumented jumps handle an error from the JUMP callback at a wrong
  * instruction offset (the destination is recomputed after next_instr was
- * cleared), so the exception leaves the frame past its handlers: measured on
- * 3.12.1, `with lock: with thread_deadline(...): while True: pass` let the
- * raw interrupt escape the scope's __exit__ (5 of 5).  There the JUMP
+ * cleared), so the exception leaves the frame past its handlers: on 3.12.1,
+ * `with lock: with thread_deadline(...): while True: pass` let the raw
+ * interrupt escape the scope's __exit__ every time.  There the JUMP
  * callback does not raise: having decided, it makes the interrupt an
  * asynchronous exception of its own thread, which INSTRUMENTED_JUMP_BACKWARD's
  * breaker check -- right after the callback -- raises at the jump, inside the
@@ -211,9 +211,8 @@ static inline int tc_optional_attr(PyObject *o, PyObject *name, PyObject **resul
  * the INSTRUCTION callback there switches them off and raises, which
  * INSTRUMENTED_INSTRUCTION's error path attributes to that very instruction
  * -- the loop head, inside the loop's handlers (tc_hook_monitoring.c: mon_insn).
- * Measured on 3.13.0 before: `with thread_deadline(0.005): while True:
- * pass` on one line let the raw interrupt escape 50 times out of 50
- * (tests/test_integrity.py).  Decided by the running interpreter
+ * Before it, on 3.13.0, `with thread_deadline(0.005): while True: pass` on
+ * one line let the raw interrupt escape every time (tests/test_integrity.py).  Decided by the running interpreter
  * (Py_Version): a wheel built against 3.13.15 may run on 3.13.0. */
 #if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
 #define TC_JUMP_RAISE_BROKEN 1
@@ -237,7 +236,7 @@ static inline int tc_jump_raise_deferred(void) { return Py_Version < 0x030D0FF0;
  * CALL), which lies outside the with's exception-table range, and the first
  * instruction of an exception handler (PUSH_EXC_INFO), where raising skips
  * the handler -- a with's __exit__, a finally body (3.11-3.14 alike;
- * measured: tests/test_integrity.py).  Read from the deoptimised bytecode
+ * tests/test_integrity.py).  Read from the deoptimised bytecode
  * (PyCode_GetCode) at the frame's current offset (PyFrame_GetLasti). */
 #include "opcode.h"
 
@@ -412,7 +411,7 @@ static inline int tc_uncovered_no_raise(PyFrameObject *f, int off)
  * break`) outside every handler range (3.12.1: `with cm: while t() < x:
  * pass` has the table's ranges end before and resume after the jump), and
  * requiring its handler to match refused every such loop -- left to the
- * hook, 0.35 ms later.  (3.11's POP_JUMP_BACKWARD_IF_* check the breaker
+ * hook, a line boundary later.  (3.11's POP_JUMP_BACKWARD_IF_* check the breaker
  * too; they are left to the hook.) */
 /* The unit a JUMP_BACKWARD at byte `off` jumps to, or -1 if there is none
  * there.  Its oparg counts back from the unit after it and its cache: none on
@@ -532,8 +531,8 @@ static inline int tc_in_with_enter_gap(PyFrameObject *f)
 /* -- The with statement's frame, without making a frame object -------------
  * Safe delivery bounds its stack check by the frame whose with statement
  * entered the scope.  PyEval_GetFrame() at entry would make a frame object
- * for a frame that has none yet (measured on 3.11: +45 ns per block when
- * each block runs in a function call of its own, ~+18 %), so the scope
+ * for a frame that has none yet (on 3.11 a visible share of a block's cost
+ * when each block runs in a function call of its own), so the scope
  * records the address of the thread's current _PyInterpreterFrame instead
  * -- an identity, never dereferenced -- and the delivery hook, in the
  * thread, compares it with the f_frame field of the frame objects it walks

@@ -247,9 +247,9 @@ static void wd_step_aside(void); /* tc_wd_main.c */
  * tc_wd_fire.c) instead of waiting to act at the deadline itself: with a
  * GIL it has taken the GIL ahead of the deadline anyway (anticipation) and
  * used to hold it up to the deadline, which stalled the whole process and
- * left the guarded thread asleep, to be woken by the GIL hand-off (~0.1 ms
- * on this machine class, then a cold cache); free-threaded, arming stops
- * the world, which on a busy machine takes milliseconds.  Pre-armed, the
+ * left the guarded thread asleep, to be woken by the GIL hand-off (an OS
+ * wake-up, then a cold cache); free-threaded, arming stops the world, which
+ * on a busy machine waits for every busy thread to be scheduled.  Pre-armed, the
  * guarded thread, while it runs Python, fires its own deadline at its first
  * line boundary past it (the same slot_fire as the watchdog's, then the
  * same safe-point checks, deliver_here), and nothing waits for another
@@ -259,10 +259,10 @@ static void wd_step_aside(void); /* tc_wd_main.c */
  * GIL / core lock); the other finds nothing to do. */
 
 /* How long switching the delivery events lately took: a maximum that decays
- * by 1/TC_EVENTS_COST_DECAY a switch.  Free-threaded, each switch stops the world, and
- * the watchdog pre-arms TC_PREARM_LEAD_STOPS times that long ahead of a deadline (prearm_lead),
- * so that the stop is over -- and the guarded thread runs again -- before
- * the deadline; with a GIL a switch is cheap and only reported.  Written by
+ * by 1/TC_EVENTS_COST_DECAY a switch.  Free-threaded, each switch stops the
+ * world, and the watchdog pre-arms TC_PREARM_LEAD_STOPS times that long
+ * ahead of a deadline (prearm_lead), so that the stop is over -- and the
+ * guarded thread runs again -- before the deadline; with a GIL a switch is cheap and only reported.  Written by
  * whoever switched (a lost update between two of them only costs one
  * sample). */
 static _Atomic int64_t g_events_cost_ns;
@@ -307,8 +307,8 @@ static inline int prearm_due(tc_slot *s)
  * here: no kick.  The fast window stays open until the exit claims it (it
  * is open for the pre-arm's grace already): the exit runs Python -- the
  * exception's construction -- and a thread asked to give the GIL away there
- * must get it back within the window (measured, 3.12.1 with 3 spinning
- * threads: an exit of 5.4 ms after a self-fire when the window had closed). */
+ * must get it back within the window, not a whole user interval later
+ * behind every busy thread (what a closed window cost such an exit). */
 static void prearm_fire(tc_slot *s)
 {
     int64_t now = now_ns();

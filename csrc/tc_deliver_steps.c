@@ -341,8 +341,8 @@ static int pc_fire_here(tc_slot *s, int *again)
  * decides) -- clears it.  So there is never more than one call per slot in
  * CPython's queue: with the flag cleared on entry instead, a watchdog look
  * while a call ran added a second one, and calls that each queue themselves
- * again never shrink in number -- a thread deferred 100 ms in protected code
- * filled 3.12's queue of 32, and the next look found it full. */
+ * again never shrink in number -- a thread deferred long in protected code
+ * filled 3.12's queue (32 calls), and the next look found it full. */
 static int pc_fire(void *arg)
 {
     tc_slot *s = (tc_slot *)arg;
@@ -429,8 +429,8 @@ static void core_after(void)
  * the stack from here and raising asynchronously decides nothing, because
  * the thread runs on (a C call that released the GIL returns) and meets the
  * asynchronous exception at its next eval-breaker check, often inside
- * protected code -- measured on 3.11: leaked Semaphore and handler locks in
- * the integrity hammer, gone without it.  It only makes sure the hook can
+ * protected code (on 3.11 it leaked Semaphore and handler locks in the
+ * integrity hammer, tests/test_integrity.py; none without it).  It only makes sure the hook can
  * still see the thread (hook_nudge). */
 static void deliver_backstop(tc_slot *s)
 {
@@ -465,9 +465,8 @@ static int64_t deliver_cancel(tc_slot *s)
         /* Only when something was sent this way and is still there: clearing
          * with nothing pending leaves the eval breaker tripped (3.11, 3.12:
          * for the whole interpreter, until some thread consumes an
-         * asynchronous exception; measured: a direct delivery's exit that
-         * cleared the consumed one made the next deadline next to 3 spinning
-         * threads ~0.3 ms later at the median).  Free-threaded, another
+         * asynchronous exception: a direct delivery's exit that cleared the
+         * consumed one made the next deadline next to busy threads later).  Free-threaded, another
          * thread's state is not looked at (tc_lock.h). */
         PyThreadState *t = slot_tstate(s);
         if (t == NULL ? TC_FREE_THREADED && atomic_load(&s->alive) : t->async_exc != NULL)

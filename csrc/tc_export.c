@@ -5,12 +5,12 @@
  * last.
  *
  * Who calls what: the atfork handlers run in the forking thread around
- * fork(); the child handler runs in the child where only that thread
- * exists, unlocks the mutexes the prepare handler took (g_mu, g_fast_mu,
- * g_remote_mu), and otherwise uses raw system calls and plain stores.  The tc_* entry points are called by
- * cffi WITHOUT the GIL, from any thread; tc_export takes the GIL itself,
- * the others read relaxed atomics or plain ints set at import.  None is a
- * signal handler.
+ * fork(); the child handler runs in the child where only that thread exists,
+ * unlocks the mutexes the prepare handler took (g_mu, g_fast_mu,
+ * g_remote_mu), and otherwise uses raw system calls and plain stores.  The
+ * tc_* entry points are called by cffi WITHOUT the GIL, from any thread;
+ * tc_export takes the GIL itself, the others read relaxed atomics or plain
+ * ints set at import.  None is a signal handler.
  */
 
 /* ------------------------------------------------------------------------ */

@@ -6,25 +6,25 @@
  * tc_watchdog.c.
  *
  * Who calls what: the watchdog opens and closes the window (fast_enter,
- * fast_leave), WITHOUT the GIL; a scope's exit that claims its interrupt
- * (tc_scope.c: Scope_exit, GIL held) closes or re-opens it
+ * fast_leave), with or without the GIL; a scope's exit that claims its
+ * interrupt (tc_scope.c: Scope_exit, GIL held) closes or re-opens it
  * (fast_after_claim); wd_urgent_begin/wd_urgent_end run in any thread
  * without the GIL (tc_module.c: _wait_readable).  g_fast_mu guards the
- * window's state; the interval itself is written through tc_gil.c.
- * Nothing here runs in a signal handler.
+ * window's state; the interval itself is written through tc_gil.c.  Nothing
+ * here runs in a signal handler.
  */
 
 /* -- The fast window ---------------------------------------------------------
  * With other CPU-bound threads, a thread gets the GIL once its holder has
  * been asked to drop it, one switch interval after a waiter started waiting
  * (5 ms by default), and then only if the OS picks it among the waiters: a
- * deadline in a busy pool lands tens of ms late (measured on 3.12: p50 37,
- * p99 119 ms with 3 spinning threads).  So from the moment the watchdog
+ * deadline in a busy pool lands several switch intervals late
+ * (bench_contention.py).  So from the moment the watchdog
  * starts asking for the GIL for a deadline (`lead` before it) until the
  * fired interrupt is claimed at the scope's exit -- or TC_FAST_HOLD_NS after
  * the fire, if the thread is blocked or deferred in protected code -- the
  * switch interval is TC_FAST_SWITCH_US: the watchdog, then the guarded
- * thread, each get the GIL within a few fractions of a millisecond.  Outside
+ * thread, each get the GIL within about one short interval.  Outside
  * the window the user's value is back (unless they set one meanwhile: then
  * theirs stays), and it is put back when the watchdog stops (exit, fork).
  * Cost: more GIL switches for the whole process while a window is open
@@ -72,7 +72,7 @@ static void fast_enter_locked(void)
  * interval as 1e-6 * us (0.00019999999999999998) and stores (unsigned
  * long)(1e6 * seconds), which truncates to 199.  Taken for the user's own
  * setting, that value stayed for good: below the window's, so no window
- * opened again and the whole process ran at ~200 us. */
+ * opened again and the whole process ran at the window's interval. */
 static int fast_interval_is_ours(unsigned long cur)
 {
     const double sys_read = 1e-6 * (double)TC_FAST_SWITCH_US;
@@ -116,8 +116,8 @@ static void fast_leave(void)
 /* A scope's exit has claimed its interrupt (GIL held, any thread): close the
  * window here if nothing else keeps it open, instead of waking the watchdog
  * to do it -- a futex wake of a thread on another CPU costs the exiting
- * thread ~20 us on this machine class (an inter-processor interrupt in a
- * VM), a third of a quiet block's whole exit.  Returns 0 if the watchdog
+ * thread an inter-processor interrupt (in a VM, a large part of a quiet
+ * block's whole exit).  Returns 0 if the watchdog
  * must decide (it has something due now, or another thread needs the
  * window: then the caller wakes it).  The watchdog's own plan may have been
  * made before the claim: the sequence bump makes a futex wait it has not
@@ -157,7 +157,7 @@ static int fast_close_after_claim(void)
  * it stays open -- or opens -- for TC_EXIT_LINGER_NS (tc_tuning.h), and
  * the watchdog closes it then.  The watchdog is woken only if it means to
  * sleep well past that (a futex wake of a thread on another CPU costs the
- * exiting thread ~20 us on this machine class); else the sequence bump
+ * exiting thread an inter-processor interrupt); else the sequence bump
  * makes a wait it has not started yet return at once, and one it has
  * started ends soon enough. */
 static void fast_after_claim(tc_slot *s)

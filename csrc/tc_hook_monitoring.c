@@ -11,9 +11,9 @@
  * look at their own slot's pending_any, hook_core_busy), and call
  * deliver_here (tc_deliver_steps.c).  hook_arm/hook_disarm switch the
  * interpreter-wide events on and off under g_arm_mu (tc_lock.h), from the
- * deliverer or the slot's thread; free-threaded, the watchdog switches
- * them off once idle (hook_idle_off).  Nothing here runs in a signal
- * handler (with this hook, tc_deliver.c's hook_wake_here returns 0).
+ * deliverer or the slot's thread; free-threaded, the watchdog switches them
+ * off once idle (hook_idle_off).  Nothing here runs in a signal handler
+ * (with this hook, tc_deliver.c's hook_wake_here returns 0).
  */
 
 #if !TC_HOOK_TRACE /* sys.monitoring */
@@ -108,8 +108,8 @@ static int set_events(long mask)
  *
  * Free-threaded: every set_events stops the world, and a stop waits until
  * each running thread reaches a safe point -- on an oversubscribed machine
- * until the OS has scheduled every busy thread once (measured on 2 cores
- * with 3 spinning threads: 2-6 ms a call, against 0.02 ms on an idle one).
+ * until the OS has scheduled every busy thread once: milliseconds a call,
+ * where an idle machine takes microseconds.
  * So (1) the core lock is let go during the call (core_yield: the guarded
  * thread's hook must not wait behind it; the state it protects is
  * re-checked after, deliver_async), and (2) the events are switched off
@@ -151,8 +151,8 @@ static void hook_disarm(tc_slot *s, PyThreadState *t)
 #if TC_FREE_THREADED
     /* Without g_arm_mu: the delivering thread must not wait behind an arm
      * whose stop of the world is under way (a contended PyMutex spins with
-     * sched_yield 40 times before it parks: on an oversubscribed machine
-     * ~55 ms, measured).  Events stay on; an arm meanwhile finds them on, and
+     * sched_yield 40 times before it parks, which on an oversubscribed
+     * machine lasts many scheduler ticks).  Events stay on; an arm meanwhile finds them on, and
      * hook_idle_off (under g_arm_mu) switches them off only while g_armed is
      * 0, so a stale idle time is harmless. */
     if (atomic_exchange(&s->hooked, 0) && atomic_fetch_sub(&g_armed, 1) == 1) {
@@ -206,9 +206,8 @@ static void hook_idle_off(int64_t now)
  * thread holds it (a watchdog pass, a cancel): it tries again at the next
  * line boundary, which comes within nanoseconds.  Waiting would park the
  * thread, and on an oversubscribed machine a parked thread that the lock
- * is released to was measured to wait for the CPU for up to ~60 ms (2 cores,
- * 3 spinning threads: a 50 ms deadline landed 57 ms late), while an
- * unparked one keeps running.  After TC_HOOK_MAX_SKIPS boundaries in a row
+ * is released to may wait for a CPU for longer than the deadline it
+ * delivers, while an unparked one keeps running.  After TC_HOOK_MAX_SKIPS boundaries in a row
  * it waits after all, so a lock held over and over cannot starve it. */
 static inline int hook_core_busy(tc_slot *s)
 {

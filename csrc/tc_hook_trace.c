@@ -1,7 +1,7 @@
 /*
  * tc_hook_trace.c -- the delivery hook on 3.11 (TC_HOOK_TRACE): a per-thread
- * C tracer, its opcode-event backstop for loops that jump to themselves,
- * the drain of 3.11's stale async-exception flag, and the sleeping tracer
+ * C tracer, its opcode-event backstop for loops that jump to themselves, the
+ * drain of 3.11's stale async-exception flag, and the sleeping tracer
  * (accelerator sleeping_tracer).  Part of the unity build (timeoutcore.c),
  * after tc_deliver.c; the whole file is empty unless TC_HOOK_TRACE.
  *
@@ -12,8 +12,8 @@
  * thread) while the slot's thread is paused, or in that thread itself.
  * hook_wake_here is the one function here called from the signal handler
  * (tc_os.c: tc_handler), in the slot's thread: async-signal-safe -- atomics,
- * a clock read, timer_settime, a futex wake, and one byte store into the
- * thread's own cframe (Races, below).  hook_drain runs in the watchdog with
+ * a clock read, a relaxed read of the GIL's holder, timer_settime, a futex
+ * wake, and one byte store into the thread's own cframe (Races, below).  hook_drain runs in the watchdog with
  * the GIL and no lock of ours.
  */
 
@@ -26,9 +26,9 @@
  * the eval breaker stays tripped for the whole interpreter -- a slowdown
  * without a tracer, but with one (ours) a spin: 3.11's DO_TRACING checks
  * the breaker at a RESUME before it advances, handles "nothing", and
- * dispatches the same RESUME again (measured: a deferred delivery in the
- * main thread spun at a function entry after the pure-Python engine had
- * cleared an exception; tests/test_integrity.py).  The core itself never
+ * dispatches the same RESUME again (seen: a deferred delivery in the main
+ * thread spun at a function entry after the pure-Python engine had cleared
+ * an exception; tests/test_integrity.py).  The core itself never
  * leaves the bit stale (it raises from the hook, not with SetAsyncExc), so
  * only the backstop -- a hard delivery still pending at a re-injection
  * time -- asks for a drain, and the watchdog, holding no lock of ours
@@ -37,7 +37,7 @@
  * recomputes the breaker.  Not at every arm: if the drain's call gives the
  * GIL away (a waiter's drop request), the bit is set by the drain itself
  * until the watchdog gets the GIL back, and a hooked thread spins that long
- * (measured: a 5 ms p90 for a loop that logs, gone without it).  A soft
+ * (a loop that logs paid for it in its tail latency).  A soft
  * exception has no backstop: a stale bit holds it until the scope's hard
  * deadline brings one.  Another thread's real pending async exception stays
  * in its thread state and is met at its next breaker trip (what CPython
@@ -109,12 +109,12 @@ static int trace_cb(PyObject *obj, PyFrameObject *frame, int what, PyObject *arg
 /* -- The sleeping tracer (3.11) -----------------------------------------------
  * Why: with a tracer set, 3.11's eval loop sends every instruction of the
  * thread down its tracing path, not only the line events: a CPU loop runs
- * at a quarter of its speed with ours armed (3.11.7, 2000 alternated blocks
- * of 0.5 ms).  A pre-armed thread had it on from the pre-arm -- a lead
- * ahead of the deadline, or the block's entry when the deadline is nearer
- * (tc_wd_fire.c: slot_self_prearm) -- to the deadline: in a pool of 4
- * workers with a 1 ms deadline on every 4th 2 ms task, most of what the
- * deadlines cost the pool (0.83x its throughput without).  So a pre-arm
+ * several times slower with ours armed.  A pre-armed thread had it on from
+ * the pre-arm -- a lead ahead of the deadline, or the block's entry when
+ * the deadline is nearer (tc_wd_fire.c: slot_self_prearm) -- to the
+ * deadline: in a pool under frequent short deadlines, most of what the
+ * deadlines cost the pool (bench_contention.py
+ * test_cpu_pool_under_deadlines).  So a pre-arm
  * puts the tracer in place asleep (hook_sleep): c_tracefunc is ours, but
  * the thread's cframe->use_tracing -- the byte 3.11 ORs into every opcode --
  * is 0, and the thread's own kernel timer is set for the deadline.  Its

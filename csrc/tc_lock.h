@@ -55,8 +55,8 @@
  * a delivery inside a region only notes its slot (t_arm_due), and the
  * outermost TC_CORE_END arms it after the lock is let go (core_after).  A
  * thread that waits for a PyMutex held by one that waits for the world to
- * stop spins with sched_yield before it parks; on an oversubscribed machine
- * that was measured at ~55-110 ms.  The wake-up and the signal that follow
+ * stop spins with sched_yield before it parks, which on an oversubscribed
+ * machine lasts many scheduler ticks.  The wake-up and the signal that follow
  * a delivery ("inject first, then kick") are sent there too, after the arm:
  * a thread woken or signalled while the lock is held may preempt its holder
  * and then spin for the lock it needs at its exit.

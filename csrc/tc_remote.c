@@ -5,10 +5,9 @@
  * Why.  A cancel reaches a worker process as a pub/sub message on the
  * registry's subscriber socket.  Applied in Python, it first waits for the
  * subscriber thread to get the GIL and then parses the message at the pace
- * of the fast window's GIL switches (measured, 3.12.1, a job spinning next
- * to 3 spinning threads, 60 trials: the subscriber held the GIL 3.3 ms p50
- * after the coordinator sent the cancel, cancel() had run at 4.6 ms, the
- * job raised at 5.8 ms) -- and only then does the watchdog hear of it.  Here
+ * of the fast window's GIL switches, each a turn behind the busy threads
+ * (bench_contrib.py test_cancel_to_stop_latency) -- and only then does the
+ * watchdog hear of it.  Here
  * the subscriber's wait (tc_module.c: _wait_readable with control=True)
  * peeks at the bytes that woke it, still without the GIL; a cancel for a
  * token that this process armed marks the scope and its slot and wakes the
@@ -265,7 +264,7 @@ static int remote_peek(int fd, tc_slot **marked)
 /* Without the GIL, after remote_peek marked `n` slots: give their threads
  * the GIL first.  The subscriber would otherwise take it now to read the
  * same messages, which only find the jobs stopped -- a job that sleeps then
- * waits for it to finish (measured, 3.12.1: 0.5 ms more p50), and next to
+ * waits for it to finish, and next to
  * busy threads it is one more thread queued for the GIL.  Waits until each
  * slot's interrupt has been raised, claimed and its exit hooks have run, or
  * TC_REMOTE_YIELD_NS at most (a job in protected code, or blocked). */

@@ -337,9 +337,8 @@ static void raise_exceeded(PyObject *self, int interrupt_was_in_flight, PyObject
     /* Prepared by the watchdog (wd_prepare): only its figures are taken again
      * (its __init__, as the constructor would), which skips the allocation,
      * and runs code the watchdog has just run -- the exit of a block that
-     * spun for a while otherwise finds all of it cold (measured, 3.11 on
-     * this machine class: building the exception takes 3.7 us in a loop, ~80
-     * us after 10 ms of spinning).  Without one, or if the scope was
+     * spun for a while otherwise finds all of it cold (building the
+     * exception then costs many times what it costs warm).  Without one, or if the scope was
      * cancelled since (a cancel meeting the exit: the class changes), it is
      * built here.  Steals `exc` (the scope's `prepared`, taken at its exit). */
     PyObject *args = NULL;
@@ -469,9 +468,8 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
         slot_claim(s);
         /* The window stays open while the exit hooks run: they may do I/O
          * (the Redis registry deletes the job's key: a round trip whose two
-         * GIL hand-backs cost whole switch intervals next to busy threads --
-         * measured, 3.12.1, 3 spinning threads: the cancelled job's block
-         * exited 33 ms p50 after it had stopped) */
+         * GIL hand-backs cost whole switch intervals next to busy threads,
+         * and the cancelled job's block exited long after it had stopped) */
         atomic_store(&s->exit_until, now + TC_FAST_HOLD_NS);
     }
     else if (atomic_load(&s->state) == SLOT_INJECTED && s->fired == NULL) {
@@ -528,11 +526,9 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
          * and so does the caller up to its handler; a thread that gives the
          * GIL away there (a waiter's drop request) must get it back within
          * the window, not after a whole interval behind every busy thread
-         * (measured with 3 spinning threads, 3.11: an exit of 15 ms when the
-         * window closed at the claim; 3.12.1: 4 trials in 600 left the block
-         * within 0.1 ms of the deadline and reached the caller's `except`
-         * 26-37 ms later, when the window closed at the exit's return or
-         * while the exception was built).  So the window holds while it is
+         * (with the window closed at the claim, at the exit's return or
+         * while the exception was built, blocks that left on time reached
+         * the caller's `except` several intervals later).  So the window holds while it is
          * built, and lingers if the thread is about to give the GIL away
          * (fast_after_claim). */
         fast_after_claim(s);

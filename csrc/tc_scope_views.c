@@ -1,14 +1,15 @@
 /*
- * tc_scope_views.c -- the Scope type's methods after enter and exit:
- * when(), reschedule(), expired(), remaining(), elapsed(), the read-only
- * attributes and the hook's setter, and the type's method and getset tables
- * and spec.  Part of the unity build (timeoutcore.c), after tc_scope.c.
+ * tc_scope_views.c -- the Scope type's methods after enter and exit: when(),
+ * reschedule(), expired(), remaining(), elapsed(), the read-only attributes
+ * and the hook's setter, and the type's method and getset tables and spec.
+ * Part of the unity build (timeoutcore.c), after tc_scope.c.
  *
  * Who calls what: Python code, in any thread, with the GIL (free-threaded:
  * inside the core lock, through the TC_LOCKED_ wrapper after each *_locked
- * function; tc_lock.h).  reschedule() is the one that changes a deadline:
- * it publishes the slot's new earliest deadline (tc_slot.c: slot_publish)
- * and fires at once if that is already due.  Nothing here runs without the GIL or in a signal handler.
+ * function; tc_lock.h).  reschedule() is the one that changes a deadline: it
+ * publishes the slot's new earliest deadline (tc_slot.c: slot_publish) and
+ * fires at once if that is already due.  Nothing here runs without the GIL
+ * or in a signal handler.
  */
 
 static PyObject *ns_to_float(int64_t ns)
@@ -60,8 +61,8 @@ static PyObject *Scope_reschedule_locked(PyObject *self, PyObject *when)
              * past): fire it from here, as the watchdog's sweep would --
              * this thread holds the GIL (free-threaded: the core lock) now,
              * while the watchdog would first have to win it from the busy
-             * threads (measured: the registry's cancel of a spinning job,
-             * p50 ~1 ms of the watchdog's own wait for the GIL).  The
+             * threads (for the registry's cancel of a spinning job, the
+             * watchdog's own wait for the GIL was most of the latency).  The
              * interrupt goes pending for that thread's hook, which raises it
              * at a safe line boundary there; nothing is raised here. */
             if (s->alive && atomic_load(&s->state) == SLOT_ARMED)

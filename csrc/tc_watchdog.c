@@ -34,9 +34,9 @@ static _Atomic uint32_t g_wd_ready;       /* it has its thread state      */
 static _Atomic int64_t g_lead = TC_SWITCH_DEFAULT_NS + TC_LEAD_MARGIN_NS;
 static _Atomic int64_t g_switch = TC_SWITCH_DEFAULT_NS;
 /* How much longer than one switch interval the watchdog has lately waited for
- * the GIL ahead of a deadline (an average over the last ~TC_CROWD_WEIGHT waits, written by
- * the watchdog only): ~0 in a quiet process, the queue in front of it in a
- * crowded one.  With a GIL the lead grows by it (refresh_switch_interval, at
+ * the GIL ahead of a deadline (an average over the last ~TC_CROWD_WEIGHT
+ * waits, written by the watchdog only): ~0 in a quiet process, the queue in
+ * front of it in a crowded one.  With a GIL the lead grows by it (refresh_switch_interval, at
  * most TC_LEAD_CROWD_MAX_NS), so that the watchdog is at the deadline in
  * time; free-threaded there is no lead, and it is only reported. */
 static _Atomic int64_t g_crowd_ns;
@@ -75,8 +75,8 @@ static inline int slot_asleep(tc_slot *s)
  * overdue -- its planned moment has passed, so it is busy, or starved.  An
  * entry that finds it asleep until a later moment costs no system call:
  * the watchdog arms the backstop when it plans for it.  (Arming at every
- * entry of a deadline 20 ms away or less cost such a block 0.49 -> 1.85 us,
- * 3.12.1, for a tail no better beyond the noise.)  `now`: the caller's
+ * entry of a near deadline was rejected: it made such a block several
+ * times dearer, for a tail no better beyond the noise.)  `now`: the caller's
  * clock reading, or 0. */
 static void wd_notify(tc_slot *s, int64_t deadline, int64_t now)
 {
@@ -198,9 +198,9 @@ static wd_event wd_plan(int64_t *fast_until, int64_t *look_at)
          * need switch faster: the watchdog looks again after half the time
          * since the fire or claim (at least TC_WATCH_POLL_NS; a thread
          * deferred in protected code costs it a few looks, not a window).
-         * Measured, 4 busy workers, 1 ms deadlines, most fired by their own
-         * thread: the window had stayed open ~0.9 ms a deadline (3.12.1;
-         * 3.11.7 ~0.8), opened by a look made before the claim. */
+         * Opening it at every look instead kept it open for most of each
+         * deadline in a busy pool whose deadlines their own threads fire:
+         * the look came before the claim. */
         {
             int64_t keep = atomic_load(&s->exit_until);
             if (atomic_load(&s->state) == SLOT_INJECTED && (fu = atomic_load(&s->fast_until)) > keep)

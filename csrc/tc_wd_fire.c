@@ -1,19 +1,18 @@
 /*
  * tc_wd_fire.c -- what the watchdog does ahead of and at a deadline: take
- * the GIL (gil_busy, gil_take), pre-arm the hook (accelerator prearm),
- * build the exception ahead (accelerator prepare), and the self-fire's
- * watch of a thread that holds the GIL (accelerator self_fire,
- * TC_SELF_FIRE).  Part of the unity build (timeoutcore.c), after
- * tc_fast_window.c.
+ * the GIL (gil_busy, gil_take), pre-arm the hook (accelerator prearm), build
+ * the exception ahead (accelerator prepare), and the self-fire's watch of a
+ * thread that holds the GIL (accelerator self_fire, TC_SELF_FIRE).  Part of
+ * the unity build (timeoutcore.c), after tc_fast_window.c.
  *
  * Who calls what: all of it runs in the watchdog thread, from wd_main
- * (tc_wd_main.c), holding no lock of ours: gil_take and wd_watch without
- * the GIL (wd_watch looks at the GIL's holder and queues a pending call,
- * tc_deliver_steps.c: pc_fire), wd_prearm and wd_prepare with it (or
- * attached, free-threaded).  slot_self_prearm (3.11) runs in the guarded
- * thread at its scope's entry, GIL held.  pc_prepare runs as a pending
- * call in whichever thread checks its eval breaker.  Nothing here runs in
- * a signal handler.
+ * (tc_wd_main.c), holding no lock of ours: gil_take without the GIL (it
+ * returns holding it), wd_watch without it (it looks at the GIL's holder and
+ * queues a pending call, tc_deliver_steps.c: pc_fire), wd_prearm and
+ * wd_prepare with it (or attached, free-threaded).  slot_self_prearm (3.11)
+ * runs in the guarded thread at its scope's entry, GIL held.  pc_prepare
+ * runs as a pending call in whichever thread checks its eval breaker.
+ * Nothing here runs in a signal handler.
  */
 
 /* Before the watchdog takes the GIL for slot `s`: is a thread other than
@@ -24,11 +23,11 @@
  * next to busy threads the GIL goes to whichever waiter gets it first after
  * a hand-off, and the watchdog, one of four or more, got it within that
  * time often enough to be taken for alone: it then pre-armed and let the
- * GIL go, and at the deadline had to win it again -- 1 take in ~15 lasted
- * 3-12 ms at the fast window's 200 us (3.12.1, 3 spinning threads), and
- * most deadlines more than 8 ms late were fired that late.  Busy, it holds
- * the GIL up to the deadline instead and fires on time (3.11, always
- * pre-armed, decides only whether to prepare the exception).  Spinning for the hand-off as well, to
+ * GIL go, and at the deadline had to win it again -- some takes lasted
+ * many fast-window intervals, and most very late deadlines were fired that
+ * late.  Busy, it holds the GIL up to the deadline instead and fires on
+ * time (3.11, always pre-armed, decides only whether to prepare the
+ * exception).  Spinning for the hand-off as well, to
  * take the GIL the moment it is free, won no more of them (the woken
  * waiter still got gil->mutex first) and was not kept. */
 static int gil_busy(tc_slot *s)
@@ -99,12 +98,11 @@ static int wd_prearm(tc_slot *s, uint64_t gen)
  * hook_sleep), and the watchdog is not needed before the grace's end.
  * Before wd_notify, which then does not wake it.  Already pre-armed (a
  * nested block with an earlier deadline): the alarm moves to the new
- * deadline.  Costs such a block ~1 us (the tracer set and put back, its
- * alarm set and taken back); blocks with a farther deadline are pre-armed
- * by the watchdog as before.  Measured,
- * 4 workers with a 1 ms deadline on every 4th 2 ms task (3.11.7, the
- * sleeping tracer in both): the watchdog's GIL takes 1.1 -> 0.1 a deadline,
- * the window's share of the time 0.63 -> 0.15. */
+ * deadline.  Costs such a block a tracer set and put back and an alarm
+ * set and taken back; blocks with a farther deadline are pre-armed by the
+ * watchdog as before.  In a pool under frequent short deadlines it spares
+ * the watchdog nearly all its GIL takes and most of the window's open time
+ * (bench_contention.py test_cpu_pool_under_deadlines, 3.11). */
 static void slot_self_prearm(tc_slot *s, int64_t now)
 {
     int64_t d = atomic_load(&s->deadline);
@@ -178,9 +176,9 @@ static void wd_prepare(tc_slot *s, int64_t deadline)
  * and a turn lasts a switch interval.  Anticipation then took the GIL from
  * the very thread that had to stop, which waited for its turn again while
  * the watchdog held the GIL, pre-armed (events that slow every thread) or
- * kept the fast window open: 4 workers, a 1 ms deadline on every 4th task
- * of 2 ms, 3.12.1: 0.70-0.78x the throughput without deadlines, p50 ~1 ms
- * late.  So while the slot's thread holds the GIL ahead of its deadline,
+ * kept the fast window open: a pool under frequent short deadlines lost a
+ * large share of its throughput (bench_contention.py
+ * test_cpu_pool_under_deadlines).  So while the slot's thread holds the GIL ahead of its deadline,
  * the watchdog does not ask for the GIL at all.  It looks at the GIL's
  * holder (tc_gil.c) TC_WATCH_PREPARE_NS ahead, where it asks the thread to
  * build its exception (pc_prepare, below: wd_prepare in the thread itself),
@@ -250,12 +248,10 @@ static int wd_watch(wd_event ev)
         /* A cancel off the control channel (tc_remote.c) for a thread that
          * waits for the GIL: it is due already, there was no lead to take
          * the GIL ahead.  Rather than queue for the GIL among the busy
-         * threads -- a whole turn before the guarded thread's own (measured,
-         * 3.12.1, 3 spinning threads: the watchdog fired 1.2 ms p50 after
-         * the cancel was read, the job raised 1.6 ms later) -- the call goes
-         * to the GIL's holder, whoever it is: pc_fire, run in another thread,
-         * fires the slot from there as this sweep would (tc_deliver_steps.c).  The
-         * usual way if the GIL is free (it comes at once) or if nobody ran
+         * threads -- a whole turn before the guarded thread's own -- the call
+         * goes to the GIL's holder, whoever it is: pc_fire, run in another
+         * thread, fires the slot from there as this sweep would
+         * (tc_deliver_steps.c).  The usual way if the GIL is free (it comes at once) or if nobody ran
          * the call within TC_WATCH_MAX_NS (a holder in C code that checks no
          * breaker). */
         const void *holder;
@@ -275,14 +271,12 @@ static int wd_watch(wd_event ev)
          * outside instead -- the watchdog queued for the GIL ahead of the
          * deadline, fired it, and from 3.13 handed it to the hook -- the
          * hook's events, which are interpreter-wide, slowed every thread of
-         * the pool for as long as the fired one waited for its turn (~1 ms
-         * p50 in the window; 3.12 raises at the back-edge without the hook:
-         * deliver_direct).  Measured, 4 workers, a 1 ms deadline on every
-         * 4th 2 ms task (run_cpu_pool), alternated: 3.13.0 0.926 / 0.938 /
-         * 0.921x the same work against 0.898 / 0.874 / 0.925; 3.12.1 0.893 /
-         * 0.924 / 0.913 against 0.900 / 0.912 / 0.906 (no hook there
-         * before either).  With 3 spinning threads (50 ms deadlines, 150
-         * trials) p50 1.53 / 1.30 ms against 2.25 / 1.59 (3.13.0 / 3.12.1).
+         * the pool for as long as the fired one waited for its turn (3.12
+         * raises at the back-edge without the hook: deliver_direct).  Watched
+         * on, the pool keeps more of its throughput on 3.13 (3.12, with no
+         * hook there either way, is unchanged) and the deadline lands sooner
+         * next to spinning threads (bench_contention.py
+         * test_cpu_pool_under_deadlines and test_contention_overshoot).
          * The usual way takes over if the GIL is free at two looks
          * TC_WATCH_POLL_NS apart -- nobody else wants it: the take is
          * immediate and the pre-arm or the hook slows no other thread -- or

@@ -5,13 +5,14 @@
  * join (wd_stop), forget after fork.  Part of the unity build
  * (timeoutcore.c), after tc_wd_fire.c.
  *
- * Who calls what: wd_main and wd_place run in the watchdog thread, which
- * has all signals blocked and one thread state of its own; it plans
- * without the GIL and takes it only to act (tc_watchdog.c).  wd_step_aside
- * runs in a guarded thread that fired or raised its own deadline (its
- * hook, tc_deliver.c: prearm_fire).  wd_ensure and wd_stop run with the GIL (released while
- * waiting or joining); wd_forget_after_fork in the fork child, where no
- * other thread exists.  Nothing here runs in a signal handler.
+ * Who calls what: wd_main and wd_place run in the watchdog thread, which has
+ * all signals blocked and one thread state of its own; it plans without the
+ * GIL and takes it only to act (tc_watchdog.c).  wd_step_aside runs in a
+ * guarded thread that fired or raised its own deadline (its hook,
+ * tc_deliver.c: prearm_fire).  wd_ensure and wd_stop run with the GIL
+ * (released while waiting or joining); wd_forget_after_fork in the fork
+ * child, where no other thread exists.  Nothing here runs in a signal
+ * handler.
  */
 
 #if TC_FREE_THREADED
@@ -22,17 +23,17 @@
  * then: the CPU is fresh, and the move's own scheduling is over well before
  * the deadline).  Once that slot has fired, where it is until the block has
  * claimed the interrupt: when the watchdog fired it, its going to sleep
- * there is what lets the thread back on that CPU.  (Moving off at once
- * measured far worse: delivered 3-6 ms after the fire, against ~0.1 ms or
- * a tick.)  The thread itself moves the watchdog off its CPU when it fires
+ * there is what lets the thread back on that CPU.  (Moving off at once was
+ * rejected: the delivery then waited scheduler ticks instead of a moment.)
+ * The thread itself moves the watchdog off its CPU when it fires
  * its own deadline or raises a fired one (wd_step_aside): a wake-up there
  * -- at the grace's end, or the one the hook's disarm asks for -- would
  * preempt it on its way out, and it would wait a tick behind a busy thread
- * (measured: caught ~2 ms after raising on time, 14 trials in 150).
- * Otherwise: its own CPU set.  Tried and not kept: the thread moving the
- * sleeping watchdog to its CPU at its first pre-armed line, so that the
- * watchdog never moves itself while it runs (48-60 % of deadlines within
- * 0.5 ms against 53-72 %, alternated runs).  Returns when to wake. */
+ * (a block that raised on time then reached its caller late).
+ * Otherwise: its own CPU set.  Rejected: the thread moving the sleeping
+ * watchdog to its CPU at its first pre-armed line, so that the watchdog
+ * never moves itself while it runs -- fewer deadlines landed promptly than
+ * with the watchdog moving itself.  Returns when to wake. */
 static tc_slot *g_pin_slot;   /* the watchdog's: the slot it moved for, */
 static int64_t g_pin_fired_at; /* ... and when it first saw it fired */
 
@@ -178,11 +179,11 @@ static void *wd_main(void *arg)
          * deadline, and the watchdog retakes the GIL one fast interval later.
          * (Running Python may also run a garbage collection, and with it
          * finalizers, on the watchdog's thread.)  Free-threaded
-         * it never prepares: measured with 3 spinning threads on 2 cores,
-         * preparing made 1 delivery in 8 wait ~50 ms (cause not isolated;
-         * the watchdog's Python work in a process where every stop of the
-         * world waits for each busy thread to be scheduled), while the exit
-         * it speeds up is a tenth of a millisecond. */
+         * it never prepares: next to spinning threads, preparing made some
+         * deliveries wait far longer than their deadline (cause not
+         * isolated; the watchdog's Python work in a process where every stop
+         * of the world waits for each busy thread to be scheduled), while
+         * the exit it speeds up is short already. */
         int quiet = !TC_FREE_THREADED && !busy && t1 - t0 < TC_PREARM_QUIET_NS;
         if (ev.deadline != TC_NEVER)
             wd_learn_crowd(t1 - t0);
@@ -271,8 +272,7 @@ static int wd_ensure(int wait)
     /* The watchdog takes the GIL once as it starts (its thread state), and
      * the caller -- about to run a body under a deadline -- would hold it
      * for a switch interval: the process's first deadline was then late by
-     * up to that (a 1 ms deadline on a CPU loop in a pool worker: raised
-     * 5-16 ms after the entry on 3.11-3.13, 1.4-1.7 ms with the wait).  So
+     * up to that, several times a short deadline.  So
      * the caller lets it go until the watchdog is ready; bounded, for a
      * start that can never take the GIL (a thread started during
      * finalization is ended there). */
