@@ -68,8 +68,10 @@
  *     destructor takes only g_mu, never the GIL.
  *   - The delivery hook (tc_hook_*.c) runs in the guarded thread, with the
  *     GIL, from a trace or monitoring callback; it reads the slot's pending
- *     fields, which only GIL holders write.  The watchdog arms it with the
- *     GIL; it writes the switch interval (fast window) without the GIL.
+ *     fields, which only GIL holders write.  Whoever delivers (the
+ *     watchdog, a cancelling thread, the guarded thread itself) arms it with
+ *     the GIL.  The fast window's switch interval is written under
+ *     g_fast_mu, with or without the GIL (tc_fast_window.c).
  *   - The functions declared below (the cffi `lib`) are called by cffi
  *     WITHOUT the GIL, from any thread; tc_export() takes the GIL itself.
  *
