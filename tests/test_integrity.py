@@ -640,7 +640,7 @@ except timeoutcore.DeadlineExceeded:
 @native_only
 def test_a_stale_async_exception_flag_does_not_hold_a_delivery(tmp_path: Path) -> None:
     """3.11: a tracer plus a stale async-exception bit spins at RESUME; the watchdog's
-    backstop drains the bit (csrc/tc_deliver.c)."""
+    backstop drains the bit (csrc/tc_hook_trace.c)."""
     try:
         p = subprocess.run([sys.executable, "-c", STALE_FLAG], capture_output=True,
                            text=True, timeout=60, cwd=tmp_path)
@@ -948,7 +948,7 @@ def test_no_interrupt_lands_in_a_finalizer_the_collector_runs() -> None:
 @accelerated("self_fire")
 def test_a_thread_that_fires_itself_never_raises_inside_protected_code() -> None:
     """A thread that holds the GIL at its deadline runs the watchdog's pending call at its
-    next eval-breaker check, wherever that is (csrc/tc_deliver.c: pc_fire). Inside a
+    next eval-breaker check, wherever that is (csrc/tc_deliver_steps.c: pc_fire). Inside a
     protected call it only asks to be run again, so the interrupt surfaces once the call
     has returned, at the caller's back-edge -- still by the pending call, no hook. (A trial
     whose thread lost the GIL meanwhile, to another test's leftover thread on a loaded
@@ -1054,7 +1054,7 @@ def test_a_thread_paused_at_a_back_edge_in_protected_code_waits_for_the_hook() -
 def test_a_thread_paused_at_a_back_edge_gets_its_interrupt_directly(shape: str) -> None:
     """3.11 and 3.12: a thread paused at its loop's back-edge meets an asynchronous
     exception first thing when it has the GIL back, so the interrupt is decided from
-    outside and sent without arming the hook (csrc/tc_deliver.c: deliver_direct); every
+    outside and sent without arming the hook (csrc/tc_deliver_steps.c: deliver_direct); every
     exit still runs. Elsewhere the hook delivers, as before."""
     from timeoutcore import _native
 

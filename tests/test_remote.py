@@ -232,7 +232,7 @@ def test_next_to_busy_threads_the_gils_holder_fires_the_cancel(
         pair: tuple[socket.socket, socket.socket]) -> None:
     """A job that waits for the GIL when its cancel is read: the watchdog does not queue
     for the GIL behind the busy threads, it asks whichever thread holds it to fire the job
-    (csrc/tc_deliver.c: pc_fire_for). With 3 spinning threads the job holds the GIL a
+    (csrc/tc_deliver_steps.c: pc_fire_for). With 3 spinning threads the job holds the GIL a
     quarter of the time: some trial of 10 finds it waiting."""
     a, b = pair
     stop = threading.Event()

@@ -31,12 +31,12 @@ with_gil = pytest.mark.skipif(FREE_THREADED, reason="no GIL: no switch interval 
 
 #: The watchdog pre-arms the hook ahead of a deadline always with 3.11's per-thread tracer
 #: and free-threaded, and on 3.12+ with a GIL only when the GIL came quickly, as it does in
-#: these tests' otherwise quiet process (csrc/tc_internal.h: TC_PREARM_ALWAYS,
+#: these tests' otherwise quiet process (csrc/tc_tuning.h: TC_PREARM_ALWAYS,
 #: TC_PREARM_QUIET_NS) -- and how early: the GIL anticipation's lead, or free-threaded at least 10 ms (twice the
 #: recent cost of switching the delivery events on, which stops the world).
 PREARM_LEAD = 0.010 if FREE_THREADED else 200e-6 + 800e-6
 #: 3.12+ with a GIL, a thread that holds the GIL when the watchdog would anticipate its
-#: deadline fires it itself instead (csrc/tc_watchdog.c: the self-fire); the hook is
+#: deadline fires it itself instead (csrc/tc_wd_fire.c: the self-fire); the hook is
 #: pre-armed for a thread that does not -- here, one asleep at that moment. (Where the
 #: self_fire accelerator is off -- TIMEOUTCORE_ACCEL -- the watchdog fires the usual way.)
 SELF_FIRE = (sys.version_info >= (3, 12) and not FREE_THREADED
@@ -341,7 +341,7 @@ def test_a_prearmed_thread_fires_its_own_deadline() -> None:
 def test_a_thread_holding_the_gil_at_its_deadline_fires_it_itself() -> None:
     """A thread that holds the GIL when its deadline comes is stopped without the GIL
     changing hands: the watchdog queues a pending call, which the thread runs at its next
-    eval-breaker check and which raises at its loop's back-edge (csrc/tc_deliver.c:
+    eval-breaker check and which raises at its loop's back-edge (csrc/tc_deliver_steps.c:
     pc_fire). The exception was built in the thread ahead of the deadline, by another such
     call. (A trial that lost the GIL before its deadline, on a loaded machine, is fired the
     usual way: one in twenty shows the path.)"""
@@ -508,7 +508,7 @@ def _spin_until(t: float) -> None:
 
 
 #: 3.11's pre-armed tracer sleeps until its deadline, when the thread's own timer signal
-#: wakes it (csrc/tc_deliver.c: the sleeping tracer); a deadline nearer than the lead is
+#: wakes it (csrc/tc_hook_trace.c: the sleeping tracer); a deadline nearer than the lead is
 #: pre-armed by the block's own thread at its entry (tc_watchdog.c: slot_self_prearm).
 TRACER_SLEEPS = sys.version_info < (3, 12)
 #: A deadline well inside the lead (at least 1 ms on 3.11, PREARM_LEAD).
@@ -696,7 +696,7 @@ def test_the_watchdog_prepares_the_exception_and_the_exit_takes_its_figures_agai
             str(fresh), "prepared", 0.03, fresh.elapsed, fresh.overshoot)
         assert scope._prepared is None  # taken by the exit
     after = _stats()
-    if FREE_THREADED:  # it never prepares there (csrc/tc_watchdog.c: wd_main)
+    if FREE_THREADED:  # it never prepares there (csrc/tc_wd_main.c: wd_main)
         assert prepared == 0 and after["prepared"] == before["prepared"], (before, after)
     else:
         assert prepared >= wanted, (trials, prepared)
@@ -749,7 +749,7 @@ def _slice_ns(tid: int) -> int | None:
 
 def test_the_watchdog_runs_with_a_short_time_slice() -> None:
     """Woken at a deadline, the watchdog preempts a busy thread rather than waiting for a
-    CPU behind it: its slice is 100 us (csrc/tc_internal.h: TC_WD_SLICE_NS), shorter than
+    CPU behind it: its slice is 100 us (csrc/tc_tuning.h: TC_WD_SLICE_NS), shorter than
     the default that the other threads keep."""
     from timeoutcore import _native
 
@@ -966,8 +966,8 @@ def test_a_crowded_process_leaves_a_thread_off_the_gil_to_fire_itself() -> None:
     outside -- which held the GIL up to the deadline, and from 3.13 armed the hook, whose
     events slow every thread while the fired one waits for its turn: it kicks the thread,
     opens the fast window for it and waits for it to hold the GIL again, and the thread
-    fires itself (csrc/tc_watchdog.c: wd_watch, "Off the GIL"). A thread not back within
-    5 ms is fired the usual way (csrc/tc_internal.h: TC_WATCH_BACK_NS), as it should: on
+    fires itself (csrc/tc_wd_fire.c: wd_watch, "Off the GIL"). A thread not back within
+    5 ms is fired the usual way (csrc/tc_tuning.h: TC_WATCH_BACK_NS), as it should: on
     a loaded machine many are, so only the trials that ended within those 5 ms of their
     deadline are judged, and the trials go on until enough did."""
     outside_keys = ("gil_holds", "hook_raises", "direct_raises")
@@ -1030,7 +1030,7 @@ def _spin_for(seconds: float) -> None:
                     "lock while it waits there for a CPU, and a rescue does not wait for it")
 @accelerated("rescue")
 def test_a_watchdog_starved_of_its_cpu_is_moved_to_the_guarded_threads() -> None:
-    """The watchdog's backstop (csrc/tc_internal.h: TC_BACKSTOP_NS): the watchdog can be
+    """The watchdog's backstop (csrc/tc_tuning.h: TC_BACKSTOP_NS): the watchdog can be
     runnable and still not run -- woken on a CPU that something it cannot preempt holds
     (a kernel thread, here a real-time process) while the guarded thread holds the other.
     Then the thread's own timer, armed past the deadline, moves the watchdog to the
