@@ -89,7 +89,7 @@ class DeadlineFuture(Future[T], Generic[T]):
     # Rule: a running task is cancelled by moving the future to CANCELLED_AND_NOTIFIED
     # under its condition and only then cancelling the task's scope; its outcome, which
     # the worker settles later, is then dropped (_settle). The worker drops the scope from
-    # the future under the same condition before it settles, so cancel() either stops the
+    # the future as the task ends (_ended), before it settles, so cancel() either stops the
     # task (it still held its scope) or finds the task done and returns False -- never
     # both, never a cancel that reaches the worker's own code (a scope that has exited
     # ignores cancel()).
@@ -106,6 +106,8 @@ class DeadlineFuture(Future[T], Generic[T]):
         self._scope: Any = None  # the running task's scope; None before and after
         self._item: Optional[Future[None]] = None  # done once the worker left the task
         self._pending: Optional[set[Future[None]]] = None  # the executor's unfinished items
+        # The task's outcome, kept from the end of the task until its work item is done.
+        self._outcome: Optional[tuple[Any, Optional[BaseException]]] = None
 
     def cancel(self) -> bool:
         """Cancel the task: a queued one never runs, a running one is stopped in its
@@ -168,25 +170,30 @@ class DeadlineFuture(Future[T], Generic[T]):
         self._scope = None
         return False
 
-    def _settle(self, result: Any, exc: Optional[BaseException]) -> None:
-        """The task's outcome; dropped if the future was cancelled while it ran."""
+    def _ended(self, result: Any, exc: Optional[BaseException]) -> None:
+        """In the worker, as the task ends: keep its outcome for :meth:`_item_done`.
+
+        Rule: the future is resolved only once its work item is done. Resolving it wakes
+        the thread waiting for the result, which then asks for the GIL; done first, that
+        request lands while the worker still finishes the pool's bookkeeping, and with a
+        pool of busy workers the extra hand-over of the GIL per task cost more than the
+        rest of this class together. Resolved last, the worker's next step is the queue
+        wait that releases the GIL anyway, as with a plain ThreadPoolExecutor.
+        """
         # With the scope dropped, a cancel() from now on finds RUNNING without a scope and
-        # returns False; one that came first has moved the state on, and the standard
-        # future refuses the outcome (InvalidStateError) -- the task was stopped for it.
+        # returns False: the task has ended, its outcome is on its way.
         self._scope = None
-        try:
-            if exc is None:
-                self.set_result(result)
-            else:
-                self.set_exception(exc)
-        except InvalidStateError:  # cancelled while running
-            pass
+        self._outcome = (result, exc)
 
     def _item_done(self, item: Future[None]) -> None:
         """The work item ``item`` is done: the task ran, or the pool dropped it unstarted."""
         pending = self._pending
         if pending is not None:
             pending.discard(item)
+        outcome, self._outcome = self._outcome, None
+        if outcome is not None:
+            self._settle(*outcome)
+            return
         # A task that ran has moved its future past PENDING/CANCELLED in run(), which
         # returned before its work item was done, so no lock is needed to tell; the state
         # is left there only when ThreadPoolExecutor.shutdown(cancel_futures=True) dropped
@@ -194,6 +201,18 @@ class DeadlineFuture(Future[T], Generic[T]):
         if self._state in (_PENDING, _CANCELLED):
             super().cancel()
             self.set_running_or_notify_cancel()
+
+    def _settle(self, result: Any, exc: Optional[BaseException]) -> None:
+        """The task's outcome; dropped if the future was cancelled while it ran (a cancel
+        that came first has moved the state on, and the standard future refuses the
+        outcome with InvalidStateError -- the task was stopped for it)."""
+        try:
+            if exc is None:
+                self.set_result(result)
+            else:
+                self.set_exception(exc)
+        except InvalidStateError:  # cancelled while running
+            pass
 
 
 class _Running:
@@ -238,10 +257,10 @@ class _Running:
             finally:
                 scopes.discard(scope)
         except BaseException as exc:  # the task's outcome, as ThreadPoolExecutor keeps it
-            future._settle(None, exc)
+            future._ended(None, exc)
             del exc  # no cycle through the traceback's frame
         else:
-            future._settle(result, None)
+            future._ended(result, None)
 
     def track(self, item: Future[None], future: DeadlineFuture[Any]) -> None:
         """Count the work item ``item`` of ``future`` as unfinished until it is done (its
