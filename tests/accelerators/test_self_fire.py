@@ -1,0 +1,195 @@
+"""The self-fire (csrc/tc_wd_fire.c, tc_deliver_steps.c: pc_fire; 3.12+ with a GIL): a
+thread that holds the GIL at its deadline fires it itself through a pending call, and one
+off the GIL is left to fire it once back. Reads its counters; skipped where it is off
+(where it is supported at all, 3.12+ with a GIL, 3.11 runs pending calls in the main thread
+only)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+
+import pytest
+from conftest import LATE, burn, in_thread, spinning_threads
+from test_integrity import _protected_spin_noted
+from test_watchdog import _Exits, _hooks_armed_now, _loop_inline
+
+import timeoutcore
+from timeoutcore import DeadlineExceeded
+
+from . import accelerated, native_only, running_watchdog, spin_for, stats
+
+pytestmark = [native_only, accelerated("self_fire")]
+
+@accelerated("prepare")  # the exception it raises was prepared ahead (wd_prepare)
+def test_a_thread_holding_the_gil_at_its_deadline_fires_it_itself() -> None:
+    """A thread that holds the GIL when its deadline comes is stopped without the GIL
+    changing hands: the watchdog queues a pending call, which the thread runs at its next
+    eval-breaker check and which raises at its loop's back-edge (csrc/tc_deliver_steps.c:
+    pc_fire). The exception was built in the thread ahead of the deadline, by another such
+    call. (A trial that lost the GIL before its deadline, on a loaded machine, is fired the
+    usual way: one in twenty shows the path.)"""
+    before = stats()
+    for _ in range(20):
+        scope = timeoutcore.thread_deadline(0.03)
+        with pytest.raises(DeadlineExceeded):
+            with scope:
+                burn(5)
+        assert scope.overshoot is not None and scope.overshoot < LATE
+    after = stats()
+    assert after["pending_raises"] > before["pending_raises"], (before, after)
+    assert after["pending_calls"] >= after["pending_raises"] - before["pending_raises"]
+    assert after["prepared"] > before["prepared"], (before, after)
+    assert after["hooked_now"] == 0
+
+
+def test_the_watchdog_never_spins_on_the_watched_threads_cpu() -> None:
+    """Before a deadline of a thread that holds the GIL, the watchdog spins its last
+    0.1 ms to queue the self-fire on time -- on another CPU. On the thread's own CPU the
+    spin would keep the thread off it (in a busy pool it preempted the GIL's holder),
+    so there it sleeps to the deadline instead (watch_sleeps), and the deadline still
+    lands. Both pinned to one CPU here."""
+    wd = running_watchdog()
+    cpu = min(os.sched_getaffinity(0))
+    wd_cpus = os.sched_getaffinity(wd)
+
+    def pinned() -> list[float]:
+        os.sched_setaffinity(0, {cpu})
+        lates = []
+        # A trial whose watchdog was not on this CPU at its deadline (it ran elsewhere
+        # before the pin took, or the thread was off the GIL: a loaded machine) shows
+        # nothing: the trials go on until one slept. The cap: a watchdog that never
+        # sleeps there fails, never hangs.
+        while len(lates) < 10 or (stats()["watch_sleeps"] == before["watch_sleeps"]
+                                  and len(lates) < 60):
+            scope = timeoutcore.thread_deadline(0.02)
+            with pytest.raises(DeadlineExceeded):
+                with scope:
+                    spin_for(5)
+            assert scope.overshoot is not None
+            lates.append(scope.overshoot)
+        return lates
+
+    before = stats()
+    os.sched_setaffinity(wd, {cpu})
+    try:
+        lates = in_thread(pinned)
+    finally:
+        os.sched_setaffinity(wd, wd_cpus)
+    after = stats()
+    assert max(lates) < LATE, lates
+    assert after["watch_sleeps"] > before["watch_sleeps"], (before, after)
+
+
+def test_a_crowded_process_leaves_a_thread_off_the_gil_to_fire_itself() -> None:
+    """3.12+ with a GIL: next to 3 spinning threads the guarded thread is mostly off the
+    GIL when its deadline comes. The watchdog does not queue for the GIL to fire it from
+    outside -- which held the GIL up to the deadline, and from 3.13 armed the hook, whose
+    events slow every thread while the fired one waits for its turn: it kicks the thread,
+    opens the fast window for it and waits for it to hold the GIL again, and the thread
+    fires itself (csrc/tc_wd_fire.c: wd_watch, "Off the GIL"). A thread not back within
+    5 ms is fired the usual way (csrc/tc_tuning.h: TC_WATCH_BACK_NS), as it should: on
+    a loaded machine many are, so only the trials that ended within those 5 ms of their
+    deadline are judged, and the trials go on until enough did."""
+    outside_keys = ("gil_holds", "hook_raises", "direct_raises")
+    wanted, back_in_time, fired_outside, trials = 20, 0, 0, 0
+    with spinning_threads(3):
+        before = stats()
+        # The cap: a watchdog that never leaves the thread to fire itself fails, never hangs.
+        while back_in_time < wanted and trials < 300:
+            trials += 1
+            was = stats()
+            scope = timeoutcore.thread_deadline(0.02)
+            with pytest.raises(DeadlineExceeded):
+                with scope:
+                    burn(5)
+            now = stats()
+            assert now["fires"] > was["fires"]
+            assert scope.overshoot is not None
+            if scope.overshoot >= 0.005:  # not back in time: the usual way is right here
+                continue
+            back_in_time += 1
+            fired_outside += any(now[k] > was[k] for k in outside_keys)
+        after = stats()
+    assert back_in_time >= wanted, (trials, back_in_time)
+    assert after["back_waits"] > before["back_waits"], (before, after)
+    assert after["pending_raises"] > before["pending_raises"], (before, after)
+    # broken: ~3 in 4 fired from outside, at once (the watchdog took the GIL ahead)
+    assert fired_outside < back_in_time / 2, (trials, back_in_time, fired_outside)
+
+
+@pytest.mark.parametrize("shape", ["while", "for-break"])
+def test_a_loop_written_in_the_block_itself_is_stopped_by_the_self_fire(shape: str) -> None:
+    """The inline loop of test_watchdog.py's exits test, on the self-fire's path: 3.12 raises
+    at its back-edge all the same (the exception is CPython's at the jump's target there:
+    csrc/tc_compat.h, tc_back_edge_test); 3.13+, where it would be the jump's own and skip
+    the exits (cpython#130279), the self-fire hands the loop to the hook at once
+    (pending_handovers) instead of declining check after check first (0.1-0.5 ms). One
+    trial on the path shows it: a trial that lost the GIL before its deadline (a loaded
+    machine) is fired the usual way, so the trials go on until one took the path. (3.14+
+    a `while` loop's back-edge goes through the hook: nothing to wait for.)"""
+    if sys.version_info < (3, 13):
+        path = "pending_raises"
+    elif shape == "for-break" or sys.version_info < (3, 14):
+        path = "pending_handovers"
+    else:
+        pytest.skip("3.14+: a `while` loop's back-edge is the hook's")
+    before = stats()
+    trials = 0
+    # The cap: a loop never stopped on the path fails, never hangs.
+    while trials < 10 or (stats()[path] == before[path] and trials < 100):
+        trials += 1
+        scope, exits = timeoutcore.thread_deadline(0.03), _Exits()
+        with pytest.raises(DeadlineExceeded):
+            _loop_inline(scope, exits, shape)
+        assert exits.count == 1
+        assert scope.overshoot is not None and scope.overshoot < LATE
+    after = stats()
+    assert after[path] > before[path], (trials, before, after)
+    assert _hooks_armed_now() == 0
+
+
+def test_a_thread_that_fires_itself_never_raises_inside_protected_code() -> None:
+    """A thread that holds the GIL at its deadline runs the watchdog's pending call at its
+    next eval-breaker check, wherever that is (csrc/tc_deliver_steps.c: pc_fire). Inside a
+    protected call it only asks to be run again, so the interrupt surfaces once the call
+    has returned, at the caller's back-edge -- still by the pending call, no hook. (A trial
+    whose thread lost the GIL meanwhile, to another test's leftover thread on a loaded
+    machine, is delivered by the hook -- also after the call: every trial checks that.)"""
+    by_call = 0
+    for _ in range(5):
+        before = stats()
+        calls, returned = [], []
+        with pytest.raises(DeadlineExceeded):
+            with timeoutcore.thread_deadline(0.02):
+                for _ in itertools.count():
+                    _protected_spin_noted(0.1, calls, returned)
+        # never inside it (a watchdog a loaded machine runs late may fire in a later call)
+        assert calls and len(calls) == len(returned), (calls, returned)
+        by_call += stats()["pending_raises"] > before["pending_raises"]
+        if by_call:
+            break
+    assert by_call, "no trial was stopped by the pending call"
+
+
+def test_a_deferred_self_fire_keeps_one_pending_call_queued() -> None:
+    """While protected code holds the interrupt back, the pending call keeps asking to run
+    again -- as one call: the watchdog queues it once, not again at every look (calls that
+    each queue themselves again would never shrink in number, and filled 3.12's queue of 32
+    within 100 ms, after which the self-fire gave up). A stray second call (another thread
+    ran it: it only clears the flag) is allowed, dozens are the bug."""
+    queued = []
+    for _ in range(3):
+        before = stats()
+        calls: list[int] = []
+        returned: list[int] = []
+        with pytest.raises(DeadlineExceeded):
+            with timeoutcore.thread_deadline(0.02):
+                for _ in itertools.count():
+                    _protected_spin_noted(0.2, calls, returned)
+        after = stats()
+        if after["pending_raises"] > before["pending_raises"]:  # the thread kept the GIL
+            queued.append(after["pending_calls"] - before["pending_calls"])
+    assert queued, "no trial was stopped by the pending call"
+    assert min(queued) <= 3, queued
