@@ -176,36 +176,6 @@ def test_cancel_stops_the_job_at_once(redis_url: str, registry: DeadlineRegistry
     assert registry.get(f"cancel-{kind}") is None
 
 
-@pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="the native core reads the socket")
-def test_the_subscribers_wait_applies_a_cancel_off_its_socket(registry: DeadlineRegistry) -> None:
-    """The subscriber's wait reads the cancel without the GIL and the job stops from there
-    (csrc/tc_remote.c); the subscriber's own reading of the message then finds it stopped.
-    Same outcome as the Python path: DeadlineCancelled, status ``cancelled``, key gone."""
-    from timeoutcore import _native
-
-    coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
-    read = 0
-    try:
-        # A cancel that arrives while the subscriber is still busy in Python (subscribing,
-        # resyncing: a loaded machine) is read the Python way, rightly: up to 3 jobs.
-        for n in range(3):
-            job = InThread(registry, f"remote-{n}", 30)
-            wait_for_job(registry, f"remote-{n}")
-            time.sleep(0.3)  # the subscriber is back in its wait
-            before = _native.stats()["remote_cancels"]
-            assert coordinator.cancel(f"remote-{n}") is True
-            job.join()
-            assert type(job.exc) is timeoutcore.DeadlineCancelled
-            assert job.scope.result.status == "cancelled"
-            assert registry.get(f"remote-{n}") is None
-            read = _native.stats()["remote_cancels"] - before
-            if read:
-                break
-    finally:
-        coordinator.close()
-    assert read == 1, "no cancel was read off the subscriber's socket"
-
-
 def test_cancel_wins_over_a_later_extend(registry: DeadlineRegistry) -> None:
     coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
     job = InThread(registry, "cancel-extend", 5.0)

@@ -1,10 +1,13 @@
-"""Remote cancels read off a control socket without the GIL (csrc/tc_remote.c).
+"""The remote-cancel relay (csrc: the remote_relay accelerator; _wait_readable): cancels
+read off the registry's control socket without the GIL.
 
 The Redis registry's subscriber waits on its socket with ``_wait_readable(fd, t, True)``;
 the core peeks at the queued bytes and cancels the scopes armed under the tokens that
 complete cancel messages name. Here the socket is one end of a socketpair and the messages
 are written by hand, byte for byte as Redis sends them: what a cancel does, what it must not
-do, and who owns what.
+do; then the registry's real subscriber over the suite's Redis. Those tests read the relay's
+counters and are skipped where it is off. The arms' ownership tests (references, fork) read
+no counter and hold with the relay off too: the arm table exists either way.
 """
 
 from __future__ import annotations
@@ -22,24 +25,13 @@ from typing import Any
 
 import pytest
 from conftest import FREE_THREADED, burn
-from test_accelerators import accelerated
 
 import timeoutcore
 from timeoutcore import DeadlineCancelled, DeadlineExceeded
 
-pytestmark = pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="native core only")
+from . import accelerated, core, native_only, stats
 
-
-def _core() -> Any:
-    from timeoutcore import _native
-
-    return _native.core
-
-
-def _stats() -> dict[str, int]:
-    from timeoutcore import _native
-
-    return _native.stats()
+pytestmark = native_only
 
 
 def _bulk(data: bytes) -> bytes:
@@ -81,7 +73,7 @@ class Job:
         assert self.entered.wait(10)
 
     def _run(self, sleep: bool) -> None:
-        _core()._remote_arm(self.scope, self.token.encode())
+        core()._remote_arm(self.scope, self.token.encode())
         try:
             with self.scope:
                 self.entered.set()
@@ -94,7 +86,7 @@ class Job:
             self.stopped_at = time.monotonic()
             self.error = e
         finally:
-            _core()._remote_disarm(self.scope)
+            core()._remote_disarm(self.scope)
 
     def join(self, timeout: float = 10.0) -> None:
         self.thread.join(timeout)
@@ -102,7 +94,7 @@ class Job:
 
 
 def _deliver(b: socket.socket) -> bool:
-    return bool(_core()._wait_readable(b.fileno(), 5.0, True))
+    return bool(core()._wait_readable(b.fileno(), 5.0, True))
 
 
 @pytest.mark.parametrize("head", [b"*", b">"], ids=["resp2", "resp3"])
@@ -114,11 +106,11 @@ def test_a_cancel_on_the_socket_stops_its_job_as_cancel_would(
     a, b = pair
     token = uuid.uuid4().hex
     job = Job(token)
-    before = _stats()
+    before = stats()
     message = push(cancel_payload(token), head=head)
     a.sendall(message)
     assert _deliver(b)
-    assert _stats()["remote_cancels"] == before["remote_cancels"] + 1  # marked in the wait
+    assert stats()["remote_cancels"] == before["remote_cancels"] + 1  # marked in the wait
     job.join()
     assert type(job.error) is DeadlineCancelled
     assert job.scope.cancelled() and job.scope.result.status == "cancelled"
@@ -168,6 +160,7 @@ NOT_A_CANCEL = {
 
 
 @pytest.mark.parametrize("case", list(NOT_A_CANCEL), ids=list(NOT_A_CANCEL))
+@accelerated("remote_relay")
 def test_what_is_not_a_complete_cancel_for_an_armed_token_changes_nothing(
         pair: tuple[socket.socket, socket.socket], case: str) -> None:
     """Nothing is marked (the subscriber's own reading in Python decides), and the wait
@@ -176,10 +169,10 @@ def test_what_is_not_a_complete_cancel_for_an_armed_token_changes_nothing(
     a, b = pair
     token = uuid.uuid4().hex
     job = Job(token, seconds=0.3)
-    before = _stats()
+    before = stats()
     a.sendall(NOT_A_CANCEL[case](token))
     assert _deliver(b)
-    assert _stats()["remote_cancels"] == before["remote_cancels"]
+    assert stats()["remote_cancels"] == before["remote_cancels"]
     job.join()
     assert type(job.error) is DeadlineExceeded  # its own deadline, 0.3 s
 
@@ -191,14 +184,14 @@ def test_a_mark_for_a_scope_that_has_left_does_not_touch_the_next_one(
     the exit hook): the thread's next scope runs on to its own deadline."""
     a, b = pair
     token = uuid.uuid4().hex
-    core = _core()
+    native = core()
     box: dict[str, Any] = {}
     go = threading.Event()
     marked = threading.Event()
 
     def run() -> None:
         first = timeoutcore.thread_deadline(30)
-        core._remote_arm(first, token.encode())
+        native._remote_arm(first, token.encode())
         with first:
             pass
         go.set()
@@ -210,15 +203,15 @@ def test_a_mark_for_a_scope_that_has_left_does_not_touch_the_next_one(
                     burn(1)
         except DeadlineExceeded as e:
             box["error"], box["after"] = e, time.monotonic() - t0
-        core._remote_disarm(first)
+        native._remote_disarm(first)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     assert go.wait(10)
-    before = _stats()
+    before = stats()
     a.sendall(push(cancel_payload(token)))
     assert _deliver(b)
-    assert _stats()["remote_cancels"] == before["remote_cancels"] + 1
+    assert stats()["remote_cancels"] == before["remote_cancels"] + 1
     marked.set()
     thread.join(10)
     assert type(box["error"]) is DeadlineExceeded and box["after"] >= 0.19, box
@@ -250,7 +243,7 @@ def test_next_to_busy_threads_the_gils_holder_fires_the_cancel(
             token = uuid.uuid4().hex
             job = Job(token)
             time.sleep(0.005)
-            before = _stats()
+            before = stats()
             a.sendall(push(cancel_payload(token)))
             assert _deliver(b)
             job.join()
@@ -258,7 +251,7 @@ def test_next_to_busy_threads_the_gils_holder_fires_the_cancel(
             b.setblocking(False)
             b.recv(65536)
             b.setblocking(True)
-            relayed += _stats()["remote_relays"] > before["remote_relays"]
+            relayed += stats()["remote_relays"] > before["remote_relays"]
             if relayed:
                 break
     finally:
@@ -269,59 +262,110 @@ def test_next_to_busy_threads_the_gils_holder_fires_the_cancel(
 
 
 def test_arming_checks_its_arguments_and_owns_one_reference() -> None:
-    core = _core()
+    native = core()
     scope = timeoutcore.thread_deadline(1)
     token = uuid.uuid4().hex.encode()
     with pytest.raises(TypeError, match="deadline scope"):
-        core._remote_arm(object(), token)
+        native._remote_arm(object(), token)
     for bad in (token.upper(), token[:-1], token + b"0", token.decode()):
         with pytest.raises(ValueError, match="32"):
-            core._remote_arm(scope, bad)
+            native._remote_arm(scope, bad)
     refs = sys.getrefcount(scope)
-    core._remote_arm(scope, token)
+    native._remote_arm(scope, token)
     assert sys.getrefcount(scope) == refs + 1
     with pytest.raises(ValueError, match="armed already"):
-        core._remote_arm(scope, token)
+        native._remote_arm(scope, token)
     assert sys.getrefcount(scope) == refs + 1
-    assert core._remote_disarm(scope) is True
-    assert core._remote_disarm(scope) is False
+    assert native._remote_disarm(scope) is True
+    assert native._remote_disarm(scope) is False
     assert sys.getrefcount(scope) == refs
 
 
 def test_a_forgotten_arm_releases_its_scope() -> None:
     """What a fork child does with the parent's arms (timeoutcore._native)."""
-    core = _core()
+    native = core()
     scope = timeoutcore.thread_deadline(1)
-    core._remote_arm(scope, uuid.uuid4().hex.encode())
+    native._remote_arm(scope, uuid.uuid4().hex.encode())
     refs = sys.getrefcount(scope)
-    core._remote_forget()
+    native._remote_forget()
     assert sys.getrefcount(scope) == refs - 1
-    assert core._remote_disarm(scope) is False
+    assert native._remote_disarm(scope) is False
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
 def test_a_fork_child_starts_without_the_parents_arms() -> None:
-    core = _core()
+    native = core()
     scope = timeoutcore.thread_deadline(1)
-    core._remote_arm(scope, uuid.uuid4().hex.encode())
+    native._remote_arm(scope, uuid.uuid4().hex.encode())
     try:
         gc.collect()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
-            os._exit(0 if core._remote_disarm(scope) is False else 1)
+            os._exit(0 if native._remote_disarm(scope) is False else 1)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
-        assert core._remote_disarm(scope) is True  # the parent's is still there
+        assert native._remote_disarm(scope) is True  # the parent's is still there
 
 
+@accelerated("remote_relay")
 def test_the_wait_without_control_only_waits(pair: tuple[socket.socket, socket.socket]) -> None:
     a, b = pair
     token = uuid.uuid4().hex
     job = Job(token, seconds=0.3)
-    before = _stats()
+    before = stats()
     a.sendall(push(cancel_payload(token)))
-    assert _core()._wait_readable(b.fileno(), 5.0)
-    assert _stats()["remote_cancels"] == before["remote_cancels"]
+    assert core()._wait_readable(b.fileno(), 5.0)
+    assert stats()["remote_cancels"] == before["remote_cancels"]
     job.join()
     assert type(job.error) is DeadlineExceeded
+
+
+# -- the registry's real subscriber, over the suite's Redis -----------------------------------
+
+
+@pytest.fixture
+def registry(redis_url: str) -> Iterator[Any]:
+    """A registry on the suite's Redis (test_redis_registry.py's, imported only where the
+    redis client is installed)."""
+    pytest.importorskip("redis")
+    from test_redis_registry import new_prefix
+
+    from timeoutcore.contrib.redis import DeadlineRegistry
+
+    reg = DeadlineRegistry.from_url(redis_url, prefix=new_prefix())
+    yield reg
+    reg.close()
+
+
+@accelerated("remote_relay")
+def test_the_subscribers_wait_applies_a_cancel_off_its_socket(registry: Any) -> None:
+    """The subscriber's wait reads the cancel without the GIL and the job stops from there
+    (csrc/tc_remote.c); the subscriber's own reading of the message then finds it stopped.
+    Same outcome as the Python path: DeadlineCancelled, status ``cancelled``, key gone."""
+    from test_redis_registry import InThread, _url
+    from redis_server import wait_for_job
+
+    from timeoutcore.contrib.redis import DeadlineRegistry
+
+    coordinator = DeadlineRegistry.from_url(_url(registry), prefix=registry.prefix)
+    read = 0
+    try:
+        # A cancel that arrives while the subscriber is still busy in Python (subscribing,
+        # resyncing: a loaded machine) is read the Python way, rightly: up to 3 jobs.
+        for n in range(3):
+            job = InThread(registry, f"remote-{n}", 30)
+            wait_for_job(registry, f"remote-{n}")
+            time.sleep(0.3)  # the subscriber is back in its wait
+            before = stats()["remote_cancels"]
+            assert coordinator.cancel(f"remote-{n}") is True
+            job.join()
+            assert type(job.exc) is timeoutcore.DeadlineCancelled
+            assert job.scope.result.status == "cancelled"
+            assert registry.get(f"remote-{n}") is None
+            read = stats()["remote_cancels"] - before
+            if read:
+                break
+    finally:
+        coordinator.close()
+    assert read == 1, "no cancel was read off the subscriber's socket"
