@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from conftest import FREE_THREADED
-from test_accelerators import accelerated
 
 import timeoutcore
 from timeoutcore import DeadlineCancelled, DeadlineExceeded
@@ -225,33 +224,3 @@ def test_the_fallback_engine_is_refused_without_a_gil(tmp_path: Any) -> None:
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode != 0
     assert "needs a GIL" in proc.stderr, proc.stderr
-
-
-def _spin_until_expired(scope: Any) -> None:
-    while not scope.expired():  # its own frame (cpython#130279, as above)
-        pass
-
-
-@pytest.mark.skipif(not FREE_THREADED, reason="a free-threaded CPython only")
-@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs two CPUs to move between")
-@accelerated("placement")
-def test_the_watchdog_awaits_a_deadline_on_the_threads_cpu_then_goes_back() -> None:
-    from timeoutcore import _native
-
-    own = os.sched_getaffinity(0)
-    before = _native.stats()["pins"]
-    for _ in range(5):  # one would do on an idle machine; a loaded one may skip a move
-        with timeoutcore.thread_deadline(0.05, raise_on_timeout=False) as s:
-            _spin_until_expired(s)
-        assert s.expired()
-        if _native.stats()["pins"] > before:
-            break
-    assert _native.stats()["pins"] > before, "the watchdog never moved to the thread's CPU"
-    # with nothing pre-armed left it runs on its own CPU set again
-    wd = _native.watchdog_native_id()
-    assert wd > 0
-    end = time.monotonic() + 5
-    while os.sched_getaffinity(wd) != own and time.monotonic() < end:
-        time.sleep(0.01)
-    assert os.sched_getaffinity(wd) == own
