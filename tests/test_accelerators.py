@@ -1,5 +1,7 @@
-"""The latency accelerators: what ``accelerators()`` reports, ``TIMEOUTCORE_ACCEL``, the
-import check of CPython internals -- and that deadlines are delivered with them off.
+"""The latency accelerators' switch: what ``accelerators()`` reports, ``TIMEOUTCORE_ACCEL``,
+the import check of CPython internals -- and that deadlines are delivered with them off.
+What each accelerator does is tested beside it, in tests/accelerators/ (the only readers of
+its counters; their skip mark: ``accelerators.accelerated``).
 
 Each configuration is read once at import, so each runs in a child interpreter (cwd: a tmp
 dir, so the installed package is the one imported).
@@ -92,14 +94,6 @@ if DELIVER:
     timeoutcore.unpatch()
 print(json.dumps(out))
 """
-
-
-def accelerated(name: str) -> pytest.MarkDecorator:
-    """For a test of one accelerator's mechanism (it reads that accelerator's counters), in
-    any test module: skipped where that accelerator is off (TIMEOUTCORE_ACCEL, this CPython,
-    the pure-Python engine), saying which."""
-    return pytest.mark.skipif(not timeoutcore.accelerators()[name],
-                              reason=f"reads the {name} accelerator's counters; it is off")
 
 
 def supported() -> set[str]:

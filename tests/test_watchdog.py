@@ -288,5 +288,3 @@ def test_wait_readable_says_whether_the_fd_is_ready(engine: str) -> None:
     finally:
         os.close(r)
         os.close(w)
-
-

@@ -73,4 +73,3 @@ def spin_for(seconds: float) -> None:
     for i in itertools.count():
         if not i & 63 and time.monotonic() >= end:
             return
-
