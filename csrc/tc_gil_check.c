@@ -1,7 +1,9 @@
 /*
- * tc_gil_check.c -- the import check of the internal addresses tc_gil.c
- * uses.  Included by tc_gil.c (the unit built with Py_BUILD_CORE), never
- * compiled on its own.
+ * tc_gil_check.c -- the import check of the CPython internals the core and
+ * its accelerators use.  Two parts, one per compiled unit: the GIL state's
+ * (included by tc_gil.c, the unit built with Py_BUILD_CORE) and the thread
+ * state's (included by tc_accel.c, in the unity build, so that it checks
+ * the very helpers of tc_compat.h the core calls).  Never compiled alone.
  *
  * Why: the offsets of interp->ceval.gil, of the GIL state's fields, of
  * gc.collecting and of _PyRuntime.main_thread are baked in at build time,
@@ -13,14 +15,15 @@
  * public API; one mismatch and tc_gil_setup returns 0: every accelerator
  * that needs them is off (tc_accel.c) and the core works without them.
  *
- * The checks, in this order (the write comes last, only after every read
- * agreed, so a wrong address is never written to):
+ * The GIL state's checks, in this order (the write comes last, only after
+ * every read agreed, so a wrong address is never written to):
  *   1. 3.13+ (_Py_DebugOffsets, which CPython keeps for debuggers at the
  *      start of _PyRuntime): the cookie, the version against the running
  *      interpreter's Py_Version, the build kind, and the offsets of the
- *      fields used against this build's offsetof.  (Where the debug-offsets
- *      struct itself changed between patch releases the fields read are
- *      others, and the check fails: off, never wrong.)
+ *      fields used (the interpreter's and the thread state's) against this
+ *      build's offsetof.  (Where the debug-offsets struct itself changed
+ *      between patch releases the fields read are others, and the check
+ *      fails: off, never wrong.)
  *   2. With a GIL: the interval read through the address equals
  *      sys.getswitchinterval() (CPython keeps microseconds); the GIL is
  *      held (we hold it) and its last holder is our own thread state.
@@ -33,6 +36,32 @@
  * makes the check look at a GIL state 64 bytes off the real one (still
  * inside the interpreter or runtime state that holds it; refused at the
  * first read, so never written): it must be refused.
+ *
+ * The thread state's checks (tstate_check; PyThreadState is declared in the
+ * public cpython/ headers, whose layout CPython keeps within a feature
+ * release, but its fields are undocumented, and a build of another kind --
+ * a debug or a free-threaded one -- lays it out otherwise):
+ *   1. thread_id is PyThread_get_thread_ident(), and tc_find_tstate finds
+ *      our own thread state by it;
+ *   2. the current interpreter frame (cframe->current_frame, 3.11 and 3.12;
+ *      current_frame, 3.13+) is the one PyThreadState_GetFrame()'s frame
+ *      object points at (f_frame, mirrored by tc_compat.h), and the code it
+ *      runs (tc_iframe_code: _PyInterpreterFrame.f_code on 3.11) is
+ *      PyFrame_GetCode()'s;
+ *   3. the exception being raised (curexc_type, 3.11; current_exception,
+ *      3.12+) follows PyErr_SetString / PyErr_Clear, and the one being
+ *      handled (exc_info) follows PyErr_SetHandledException, put back after;
+ *   4. 3.11: the thread's tracer (c_tracefunc, c_traceobj) and the byte
+ *      its tracing switches (cframe->use_tracing) follow PyEval_SetTrace --
+ *      a probe tracer set and removed when the thread has none (sys.gettrace()
+ *      and sys.getprofile() both None), else compared with sys.gettrace()
+ *      and left alone.
+ * Test hook: TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET=1 makes check 1 read
+ * thread_id 64 bytes off (inside the thread state): it must be refused.
+ * The core itself reads 1-3 and, on 3.11, the tracer; a mismatch there turns
+ * off the accelerators that read thread states (tc_accel.c) and is reported
+ * as a failed import check.
+ *
  * GIL held throughout; Python errors met on the way are cleared and count
  * as a failed check.
  */
@@ -51,6 +80,8 @@ static int check_fail(char *why, size_t n, const char *fmt, ...)
         PyErr_Clear();
     return 0;
 }
+
+#ifdef Py_BUILD_CORE /* -- the GIL state (tc_gil.c) ------------------------------ */
 
 #ifndef Py_GIL_DISABLED
 /* sys.getswitchinterval() in whole microseconds, or 0 (error cleared). */
@@ -149,6 +180,9 @@ static int debug_offsets_agree(char *why, size_t n)
         d->interpreter_state.gil_runtime_state_holder !=
             offsetof(PyInterpreterState, _gil.last_holder))
         return check_fail(why, n, "_Py_DebugOffsets: the interpreter state's layout differs");
+    if (d->thread_state.thread_id != offsetof(PyThreadState, thread_id) ||
+        d->thread_state.current_frame != offsetof(PyThreadState, current_frame))
+        return check_fail(why, n, "_Py_DebugOffsets: the thread state's layout differs");
 #ifdef Py_INTERNAL_DEBUG_OFFSETS_H /* 3.14+: gc's own offsets too */
     if (d->gc.collecting != offsetof(struct _gc_runtime_state, collecting))
         return check_fail(why, n, "_Py_DebugOffsets: the gc state's layout differs");
@@ -214,3 +248,165 @@ static int gil_check(PyInterpreterState *interp, char *why, size_t n)
 #endif
     return 1;
 }
+
+#else /* -- the thread state (tc_accel.c, the unity build) -------------------- */
+
+/* The probe's tracer (3.11): set and removed before any code could run. */
+#if TC_HOOK_TRACE
+static int tstate_probe_trace(PyObject *obj, PyFrameObject *f, int what, PyObject *arg)
+{
+    (void)obj;
+    (void)f;
+    (void)what;
+    (void)arg;
+    return 0;
+}
+
+/* sys.<name>() (a new reference), or NULL with the error cleared. */
+static PyObject *sys_call(const char *name)
+{
+    PyObject *fn = PySys_GetObject(name); /* borrowed */
+    PyObject *r = fn != NULL ? PyObject_CallNoArgs(fn) : NULL;
+    if (r == NULL && PyErr_Occurred())
+        PyErr_Clear();
+    return r;
+}
+
+/* Check 4: the thread's tracer fields against PyEval_SetTrace and
+ * sys.gettrace().  `probe`: any object, the probe tracer's argument. */
+static int tstate_tracer_agrees(PyThreadState *t, PyObject *probe, char *why, size_t n)
+{
+    PyObject *trace = sys_call("gettrace"), *profile = sys_call("getprofile");
+    int ok, idle = trace == Py_None && profile == Py_None;
+    if (trace == NULL || profile == NULL) {
+        Py_XDECREF(trace);
+        Py_XDECREF(profile);
+        return check_fail(why, n, "the thread state: sys.gettrace() or sys.getprofile() failed");
+    }
+    if (!idle) { /* someone traces this thread (a debugger, coverage): only compare */
+        ok = t->c_traceobj == (trace == Py_None ? NULL : trace);
+        Py_DECREF(trace);
+        Py_DECREF(profile);
+        return ok ? 1 : check_fail(why, n, "the thread state's c_traceobj is not sys.gettrace()");
+    }
+    Py_DECREF(trace);
+    Py_DECREF(profile);
+    if (t->c_tracefunc != NULL || t->c_traceobj != NULL || t->cframe->use_tracing != 0)
+        return check_fail(why, n, "the thread state's tracer fields are set, and "
+                          "sys.gettrace() is None");
+    PyEval_SetTrace(tstate_probe_trace, probe);
+    ok = t->c_tracefunc == tstate_probe_trace && t->c_traceobj == probe &&
+         t->cframe->use_tracing == 255;
+    PyEval_SetTrace(NULL, NULL);
+    if (!ok || PyErr_Occurred())
+        return check_fail(why, n, "the thread state's c_tracefunc, c_traceobj or "
+                          "cframe->use_tracing do not follow PyEval_SetTrace");
+    if (t->c_tracefunc != NULL || t->c_traceobj != NULL || t->cframe->use_tracing != 0)
+        return check_fail(why, n, "the thread state's tracer fields stay set after "
+                          "PyEval_SetTrace(NULL, NULL)");
+    return 1;
+}
+#endif
+
+/* Check 3: the raised and the handled exception, with a type of our own
+ * (`probe`) that nothing else raises or handles. */
+static int tstate_exceptions_agree(PyThreadState *t, PyObject *probe, char *why, size_t n)
+{
+    PyObject *prev, *inst;
+    int before, during, after;
+    before = tc_raising(t, probe);
+    PyErr_SetString(probe, "timeoutcore's import check");
+    during = tc_raising(t, probe);
+    PyErr_Clear();
+    after = tc_raising(t, probe);
+    if (before || !during || after)
+        return check_fail(why, n, "the thread state's raised exception (%s) does not follow "
+                          "PyErr_SetString and PyErr_Clear",
+                          PY_VERSION_HEX >= 0x030C0000 ? "current_exception" : "curexc_type");
+    if ((inst = PyObject_CallNoArgs(probe)) == NULL)
+        return check_fail(why, n, "the thread state: the probe exception could not be made");
+    prev = PyErr_GetHandledException(); /* NULL: none */
+    before = tc_handling(t, probe);
+    PyErr_SetHandledException(inst);
+    during = tc_handling(t, probe);
+    PyErr_SetHandledException(prev);
+    after = tc_handling(t, probe);
+    Py_XDECREF(prev);
+    Py_DECREF(inst);
+    if (before || !during || after)
+        return check_fail(why, n, "the thread state's handled exception (exc_info) does not "
+                          "follow PyErr_SetHandledException");
+    return 1;
+}
+
+/* Check 2: the current interpreter frame and its code. */
+static int tstate_frame_agrees(PyThreadState *t, char *why, size_t n)
+{
+#if TC_IFRAME_ID
+    PyFrameObject *f = PyThreadState_GetFrame(t); /* new reference */
+    PyCodeObject *code;
+    void *cur;
+    int same, same_code;
+    if (f == NULL)
+        return check_fail(why, n, "the thread state: no Python frame to compare with");
+    cur = tc_current_iframe(t);
+    same = cur != NULL && tc_frame_iframe(f) == cur;
+    code = PyFrame_GetCode(f);
+    same_code = same && tc_iframe_code(cur) == code;
+    Py_DECREF(code);
+    Py_DECREF(f);
+    if (!same)
+        return check_fail(why, n, "the thread state's current frame is not the one "
+                          "PyThreadState_GetFrame() shows");
+    if (!same_code)
+        return check_fail(why, n, "the current interpreter frame's code is not "
+                          "PyFrame_GetCode()'s");
+#else
+    (void)t;
+    (void)why;
+    (void)n;
+#endif
+    return 1;
+}
+
+/* Check 1: thread_id, and the lookup the core does with it. */
+static int tstate_ident_agrees(PyThreadState *t, char *why, size_t n)
+{
+    const char *corrupt = getenv("TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET");
+    unsigned long ident = PyThread_get_thread_ident(), seen;
+    size_t off = corrupt != NULL && strcmp(corrupt, "1") == 0 ? 64 : 0;
+    memcpy(&seen, (const char *)&t->thread_id + off, sizeof(seen));
+    if (seen != ident)
+        return check_fail(why, n, "the thread state's thread_id is not "
+                          "PyThread_get_thread_ident()");
+#if !TC_FREE_THREADED /* never walked there (tc_compat.h: tc_find_tstate) */
+    if (tc_find_tstate(ident) != t)
+        return check_fail(why, n, "the thread state is not found by its thread_id");
+#endif
+    return 1;
+}
+
+/* The thread-state checks above, in the importing thread, GIL held (free-
+ * threaded: attached), no error set.  1 if all held, else 0 with the reason
+ * in `why`. */
+static int tstate_check(char *why, size_t n)
+{
+    PyThreadState *t = PyThreadState_Get();
+    PyObject *probe;
+    int ok;
+    if (PyErr_Occurred())
+        return check_fail(why, n, "the thread state: an error was already set");
+    if (!tstate_ident_agrees(t, why, n) || !tstate_frame_agrees(t, why, n))
+        return 0;
+    probe = PyErr_NewException("timeoutcore._ImportCheckProbe", NULL, NULL);
+    if (probe == NULL)
+        return check_fail(why, n, "the thread state: the probe type could not be made");
+    ok = tstate_exceptions_agree(t, probe, why, n);
+#if TC_HOOK_TRACE
+    ok = ok && tstate_tracer_agrees(t, probe, why, n);
+#endif
+    Py_DECREF(probe);
+    return ok;
+}
+
+#endif /* Py_BUILD_CORE */
