@@ -9,6 +9,7 @@ to do then.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import sys
 from types import CodeType, ModuleType
@@ -145,10 +146,36 @@ if _unknown:
 
 def internals_check() -> str:
     """The import check of the CPython internals the core may use (csrc/tc_gil_check.c):
-    "passed", "not checked" (TIMEOUTCORE_ACCEL asked for no accelerator that uses them), or
-    "failed its import check: <why>". Safe delivery also reads gc.collecting only after
-    "passed"."""
+    "passed", "not checked" (TIMEOUTCORE_ACCEL asked for no accelerator that uses the GIL
+    state's internals; the thread state's fields, which the core reads itself, were checked
+    and agreed), or "failed its import check: <why>" (either part). Safe delivery also reads
+    gc.collecting only after "passed"."""
     return str(_accel_text(lib.tc_accel_internals()))
+
+
+#: The one reason an accelerator is off that is not worth a log line: the user's own choice.
+_SWITCHED_OFF = "switched off by TIMEOUTCORE_ACCEL"
+
+
+def _log_accelerators() -> None:
+    """At import: one DEBUG line per accelerator that is off for a reason other than
+    TIMEOUTCORE_ACCEL (this CPython, a failed import check, a dependency), and one WARNING
+    if the import check of CPython internals failed -- a wheel meeting a CPython whose
+    internal layout differs from the one it was built against."""
+    log = logging.getLogger("timeoutcore")
+    for name, why in _ACCELERATORS.items():
+        if why is not None and why != _SWITCHED_OFF:
+            log.debug("accelerator %s is off: %s", name, why)
+    check = internals_check()
+    if check.startswith("failed"):
+        log.warning(
+            "the C core %s; the accelerators that use CPython internals are off: deadlines "
+            "still work, some land later (timeoutcore.accelerators(explain=True) says which)",
+            check,
+        )
+
+
+_log_accelerators()
 
 
 def stats() -> dict[str, int]:

@@ -1,0 +1,146 @@
+"""The import check of CPython internals (csrc/tc_gil_check.c): a wrong address is refused,
+the accelerators that need it are off, the core still delivers, and the reason is logged.
+
+Each case is one child interpreter (the check runs once, at import), started in a tmp dir so
+that the installed package is the one imported. The child keeps the ``timeoutcore`` logger's
+records from before the import on, imports with a tracer set and an exception being handled
+(the thread-state check sets and puts back both), then runs one deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import timeoutcore
+
+pytestmark = pytest.mark.skipif(
+    timeoutcore.ENGINE != "native", reason="the import check is the native core's"
+)
+
+#: csrc/tc_accel.c: accel_uses_internals (the GIL state) and accel_uses_tstate
+GIL_USERS = {"fast_window", "self_fire", "direct_delivery"}
+TSTATE_USERS = {"sleeping_tracer", "direct_delivery"}
+SWITCHED_OFF = "switched off by TIMEOUTCORE_ACCEL"
+
+CHILD = r"""
+import json, logging, sys, time
+
+records = []
+
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append([record.levelname, record.getMessage()])
+
+
+log = logging.getLogger("timeoutcore")
+log.setLevel(logging.DEBUG)
+log.addHandler(Keep())
+
+
+def tracer(frame, event, arg):
+    return None
+
+
+sys.settrace(tracer)
+try:
+    raise LookupError("being handled during the import")
+except LookupError as handled:
+    import timeoutcore
+    from timeoutcore import _native
+
+    kept = {"tracer": sys.gettrace() is tracer, "handled": sys.exc_info()[1] is handled}
+sys.settrace(None)
+
+t0 = time.monotonic()
+try:
+    with timeoutcore.thread_deadline(0.2):
+        while True:
+            pass
+except timeoutcore.DeadlineExceeded:
+    ended = time.monotonic() - t0
+print(json.dumps({"records": records, "kept": kept, "ended": ended,
+                  "internals": _native.internals_check(),
+                  "why": timeoutcore.accelerators(explain=True)}))
+"""
+
+
+def run_child(tmp_path: Path, **env: str) -> dict[str, Any]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TIMEOUTCORE_")}
+    environ.update(env)
+    p = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, env=environ)
+    assert p.returncode == 0, p.stderr
+    out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
+    # The check puts back what it set, and the core alone still ends a CPU loop.
+    assert out["kept"] == {"tracer": True, "handled": True}
+    assert 0.15 < out["ended"] < 10.0, out["ended"]
+    return out
+
+
+def logged(out: dict[str, Any], level: str) -> list[str]:
+    return [msg for lvl, msg in out["records"] if lvl == level]
+
+
+def assert_one_debug_line_per_reason(out: dict[str, Any]) -> None:
+    """Every accelerator off for another reason than TIMEOUTCORE_ACCEL has its DEBUG line,
+    naming it and why; nothing else is logged at DEBUG."""
+    expected = sorted(f"accelerator {name} is off: {why}" for name, why in out["why"].items()
+                      if why is not None and why != SWITCHED_OFF)
+    assert sorted(logged(out, "DEBUG")) == expected
+
+
+def supported() -> set[str]:
+    why = timeoutcore.accelerators(explain=True)
+    return {n for n, w in why.items() if not (w or "").startswith("unsupported on this CPython")}
+
+
+def test_a_wrong_gil_address_is_refused_said_and_logged(tmp_path: Path) -> None:
+    out = run_child(tmp_path, TIMEOUTCORE_TEST_CORRUPT_GIL_OFFSET="1")
+    reason = out["internals"]
+    assert reason.startswith("failed its import check: "), reason
+    for name in GIL_USERS & supported():
+        assert out["why"][name] == reason
+    for name in supported() - GIL_USERS:
+        assert out["why"][name] is None, (name, out["why"][name])
+    assert_one_debug_line_per_reason(out)
+    (warning,) = logged(out, "WARNING")
+    assert reason in warning and "deadlines still work" in warning
+
+
+def test_a_wrong_thread_state_address_is_refused_said_and_logged(tmp_path: Path) -> None:
+    out = run_child(tmp_path, TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET="1")
+    reason = out["internals"]
+    assert reason == ("failed its import check: the thread state's thread_id is not "
+                      "PyThread_get_thread_ident()")
+    for name in TSTATE_USERS & supported():
+        assert out["why"][name] == reason
+    for name in supported() - TSTATE_USERS:
+        assert out["why"][name] is None, (name, out["why"][name])
+    assert_one_debug_line_per_reason(out)
+    (warning,) = logged(out, "WARNING")
+    assert reason in warning
+
+
+def test_a_passed_check_logs_only_what_this_cpython_lacks(tmp_path: Path) -> None:
+    out = run_child(tmp_path)
+    assert out["internals"] == "passed"
+    assert {n for n, why in out["why"].items() if why is None} == supported()
+    assert_one_debug_line_per_reason(out)
+    assert logged(out, "WARNING") == []
+
+
+def test_switched_off_accelerators_are_not_logged(tmp_path: Path) -> None:
+    out = run_child(tmp_path, TIMEOUTCORE_ACCEL="none")
+    # The GIL state is not looked at; the thread state (the core's own reads) was, and held.
+    assert out["internals"] == "not checked"
+    assert_one_debug_line_per_reason(out)
+    assert all("unsupported on this CPython" in msg for msg in logged(out, "DEBUG"))
+    assert logged(out, "WARNING") == []
