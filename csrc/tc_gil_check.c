@@ -47,7 +47,9 @@
  *      current_frame, 3.13+) is the one PyThreadState_GetFrame()'s frame
  *      object points at (f_frame, mirrored by tc_compat.h), and the code it
  *      runs (tc_iframe_code: _PyInterpreterFrame.f_code on 3.11) is
- *      PyFrame_GetCode()'s;
+ *      PyFrame_GetCode()'s, whose fields the core reads (co_consts,
+ *      co_exceptiontable, co_flags, co_name, co_qualname, co_filename) are
+ *      what its attributes return;
  *   3. the exception being raised (curexc_type, 3.11; current_exception,
  *      3.12+) follows PyErr_SetString / PyErr_Clear, and the one being
  *      handled (exc_info) follows PyErr_SetHandledException, put back after;
@@ -339,34 +341,55 @@ static int tstate_exceptions_agree(PyThreadState *t, PyObject *probe, char *why,
     return 1;
 }
 
+/* Check 2's second half: the fields of PyCodeObject the core reads (safe
+ * delivery's rules, tc_compat.h and tc_guarded.c; a frame's place in
+ * messages, tc_deliver.c) are the objects its attributes return. */
+static int code_fields_agree(PyCodeObject *code, char *why, size_t n)
+{
+    static const char *const names[] = {"co_consts", "co_exceptiontable", "co_name",
+                                        "co_qualname", "co_filename"};
+    PyObject *const fields[] = {code->co_consts, code->co_exceptiontable, code->co_name,
+                                code->co_qualname, code->co_filename};
+    PyObject *flags = PyObject_GetAttrString((PyObject *)code, "co_flags");
+    int ok = flags != NULL && PyLong_Check(flags) && PyLong_AsLong(flags) == code->co_flags;
+    Py_XDECREF(flags);
+    if (!ok)
+        return check_fail(why, n, "the code object's co_flags is not its attribute's");
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        PyObject *attr = PyObject_GetAttrString((PyObject *)code, names[i]);
+        ok = attr != NULL && attr == fields[i];
+        Py_XDECREF(attr);
+        if (!ok)
+            return check_fail(why, n, "the code object's %s is not its attribute's", names[i]);
+    }
+    return 1;
+}
+
 /* Check 2: the current interpreter frame and its code. */
 static int tstate_frame_agrees(PyThreadState *t, char *why, size_t n)
 {
-#if TC_IFRAME_ID
     PyFrameObject *f = PyThreadState_GetFrame(t); /* new reference */
     PyCodeObject *code;
-    void *cur;
-    int same, same_code;
+    const char *wrong = NULL;
     if (f == NULL)
         return check_fail(why, n, "the thread state: no Python frame to compare with");
-    cur = tc_current_iframe(t);
-    same = cur != NULL && tc_frame_iframe(f) == cur;
     code = PyFrame_GetCode(f);
-    same_code = same && tc_iframe_code(cur) == code;
-    Py_DECREF(code);
-    Py_DECREF(f);
-    if (!same)
-        return check_fail(why, n, "the thread state's current frame is not the one "
-                          "PyThreadState_GetFrame() shows");
-    if (!same_code)
-        return check_fail(why, n, "the current interpreter frame's code is not "
-                          "PyFrame_GetCode()'s");
+#if TC_IFRAME_ID
+    void *cur = tc_current_iframe(t);
+    if (cur == NULL || tc_frame_iframe(f) != cur)
+        wrong = "the thread state's current frame is not the one PyThreadState_GetFrame() shows";
+    else if (tc_iframe_code(cur) != code)
+        wrong = "the current interpreter frame's code is not PyFrame_GetCode()'s";
 #else
     (void)t;
-    (void)why;
-    (void)n;
 #endif
-    return 1;
+    Py_DECREF(f);
+    if (wrong == NULL && !code_fields_agree(code, why, n))
+        wrong = ""; /* `why` says it */
+    Py_DECREF(code);
+    if (wrong != NULL && wrong[0] != '\0')
+        return check_fail(why, n, "%s", wrong);
+    return wrong == NULL;
 }
 
 /* Check 1: thread_id, and the lookup the core does with it. */
