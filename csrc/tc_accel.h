@@ -1,15 +1,48 @@
 /*
- * tc_accel.h -- the latency accelerators: which exist, and whether each is
- * on.  The core delivers every deadline with all of them off (later, never
- * lost); each one only makes some deadlines land sooner.  Decided once at
- * import (tc_accel.c: accel_setup, GIL held) from three things: whether
- * this build supports it (tc_compat.h's switches), TIMEOUTCORE_ACCEL, and,
- * for those that use CPython internals, the import check of their addresses
- * (tc_gil_check.c).  Read anywhere after that, by any thread and from the
- * signal handler: a plain int written before the watchdog, any kernel timer
- * or any hook exists.
+ * tc_accel.h -- the latency accelerators: which exist, whether each is on,
+ * and the interface through which the core calls them.
  *
- * Where each is switched (the point where the core decides to use it):
+ * What an accelerator is.  The core delivers every deadline with all of
+ * them off (later, never lost); each one only makes some deadlines land
+ * sooner.  Which are on is decided once at import (tc_accel.c:
+ * accel_setup, GIL held) from three things: whether this build supports it
+ * (tc_compat.h's switches), TIMEOUTCORE_ACCEL, and, for those that use
+ * CPython internals, the import check of their addresses (tc_gil_check.c).
+ * accel_on() is read anywhere after that, by any thread and from the
+ * signal handler: a plain int written before the watchdog, any kernel
+ * timer or any hook exists.
+ *
+ * The interface (contract).
+ *   Where.  Each accelerator lives in csrc/accel_<name>.c (the unity build
+ *   includes it; timeoutcore.c lists them) and is called by the core only
+ *   through the hooks declared below, at the named points of the core's
+ *   path.  A hook whose accelerator is off does nothing and returns the
+ *   core's own answer (0, TC_NEVER), so the core's path reads "core step;
+ *   accelerator hooks", and with TIMEOUTCORE_ACCEL=none it is the core
+ *   alone.  A hook never decides a fire and never changes a slot's state:
+ *   it calls the core's functions for that (slot_fire, slot_publish, ...),
+ *   like any other caller.
+ *   State.  An accelerator's process-wide state is one static struct in its
+ *   own file.  What it keeps per slot or per scope is a struct of its own
+ *   type, declared below with its hooks and embedded in tc_slot / Scope
+ *   (tc_internal.h), because the watchdog without the GIL and the signal
+ *   handler find a slot's state with no lookup; only the accelerator's own
+ *   file reads or writes those fields (the core clears them only through
+ *   the accelerator's fork hook).  Its counters stay in g_st: stats() is
+ *   the core's export, and its keys do not change with the file layout.
+ *   Tuning constants stay in tc_tuning.h (one table).
+ *   Threads, GIL, signals.  Each hook below says who calls it, in which
+ *   thread, with or without the GIL (free-threaded: the core lock,
+ *   tc_lock.h, wherever "GIL" is written), which of the core's locks may
+ *   be held, and whether it may run in the signal handler.  A hook that
+ *   runs without the GIL touches no Python object; one called in the
+ *   signal handler uses only atomics and async-signal-safe system calls.
+ *   Import.  <name>_unsupported() is not a hook yet: which build supports
+ *   which accelerator is one table in tc_accel.c (accel_unsupported),
+ *   next to the dependencies between them.
+ *
+ * Where each is switched, for those not in a file of their own yet (the
+ * point where the core decides to use it):
  *   anticipation     tc_watchdog.c: refresh_switch_interval (no lead: the
  *                    watchdog asks for the GIL at the deadline; so no
  *                    requeue and no holding the GIL up to it either)
@@ -24,7 +57,6 @@
  *   placement        tc_wd_main.c: wd_place, wd_step_aside
  *   rescue           tc_os.c: timer_backstop (no backstop timer armed);
  *                    tc_watchdog.c: wd_rescue
- *   remote_relay     tc_module.c: _wait_readable, before remote_peek
  */
 #ifndef TC_ACCEL_H
 #define TC_ACCEL_H
@@ -48,5 +80,48 @@ static int g_accel_on[ACCEL_N]; /* accel_setup, once, before any reader */
 static inline int accel_on(int a) { return g_accel_on[a]; }
 
 static int accel_setup(void); /* tc_accel.c: at import, GIL held */
+
+struct tc_slot;
+
+/* -- remote_relay (accel_remote_relay.c) -------------------------------------
+ * A cancel read off the Redis registry's control channel, applied without
+ * the GIL: the subscriber's wait peeks at the reply, marks the armed scope
+ * and its slot, and wakes the watchdog, which fires the slot as a deadline
+ * that has passed. */
+
+/* Per slot: a scope of it was marked (written by the control channel's
+ * reader without the GIL; `at` before `req`). */
+struct remote_relay_slot {
+    _Atomic int req;
+    _Atomic int64_t at;
+};
+
+/* Per scope: a cancel for it came off the control channel. */
+struct remote_relay_scope {
+    _Atomic int cancel;
+};
+
+/* The module's _wait_readable(control=True), WITHOUT the GIL, once the
+ * subscriber's socket `fd` is readable: mark every armed scope a complete
+ * cancel queued there names, and if that was all there was, wait a moment
+ * for the cancelled jobs to have the GIL first.  1 if so (the caller takes
+ * the GIL back without urgency), 0 if the Python path has work there. */
+static int remote_relay_on_readable(int fd);
+
+/* The watchdog's planner and due tests, the self-fire, pc_fire: any thread,
+ * with or without the GIL, g_mu may be held; atomics only.  When a relayed
+ * cancel made slot `s` due (TC_NEVER: none). */
+static int64_t remote_relay_marked_at(struct tc_slot *s);
+
+/* At fire time (slot_fire, pc_fire), GIL held: turn the marks on slot `s`
+ * into cancels, as DeadlineScope.cancel() does them. */
+static void remote_relay_apply(struct tc_slot *s, int64_t now);
+
+/* pthread_atfork, in the forking thread (prepare, parent) and in the child
+ * where only it exists (child: plain stores on every slot, g_mu's walk
+ * without it). */
+static void remote_relay_atfork_prepare(void);
+static void remote_relay_atfork_parent(void);
+static void remote_relay_atfork_child(void);
 
 #endif /* TC_ACCEL_H */

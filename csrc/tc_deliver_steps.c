@@ -238,12 +238,13 @@ static void pc_fire_for(tc_slot *s)
 {
     int64_t now = now_ns();
     if (!s->alive || atomic_load(&s->state) != SLOT_ARMED || atomic_load(&s->shield) > 0 ||
-        s->pending != NULL || (!atomic_load(&s->remote_req) && atomic_load(&s->deadline) > now))
+        s->pending != NULL ||
+        (remote_relay_marked_at(s) == TC_NEVER && atomic_load(&s->deadline) > now))
         return;
 #if TC_TRACK_FRAMES
     wd_prune_slot(s); /* the sweep's first step (3.13) */
 #endif
-    int remote = atomic_load(&s->remote_req);
+    int remote = remote_relay_marked_at(s) != TC_NEVER;
     if (slot_fire(s, now, 0)) {
         if (remote)
             STAT_INC(remote_relays);
@@ -273,7 +274,7 @@ static int pc_fire_here(tc_slot *s, int *again)
     if (atomic_load(&s->state) != SLOT_ARMED || atomic_load(&s->shield) > 0 ||
         s->pending != NULL || (cur = PyEval_GetFrame()) == NULL)
         return 0;
-    slot_apply_remote(s, now_ns()); /* a cancel off the control channel: due now */
+    remote_relay_apply(s, now_ns()); /* a cancel off the control channel: due now */
     if (s->pc_gen != atomic_load(&s->gen)) { /* a new deadline: count afresh */
         s->pc_gen = atomic_load(&s->gen);
         s->pc_frame = NULL;

@@ -7,7 +7,7 @@
  * Who calls what: the atfork handlers run in the forking thread around
  * fork(); the child handler runs in the child where only that thread exists,
  * unlocks the mutexes the prepare handler took (g_mu, g_fast_mu,
- * g_remote_mu), and otherwise uses raw system calls and plain stores.  The
+ * the remote relay's), and otherwise uses raw system calls and plain stores.  The
  * tc_* entry points are called by cffi WITHOUT the GIL, from any thread;
  * tc_export takes the GIL itself, the others read relaxed atomics or plain
  * ints set at import.  None is a signal handler.
@@ -20,12 +20,12 @@ static void atfork_prepare(void)
 {
     pthread_mutex_lock(&g_mu);
     pthread_mutex_lock(&g_fast_mu); /* never held together with g_mu elsewhere */
-    pthread_mutex_lock(&g_remote_mu); /* a leaf lock: this order is free */
+    remote_relay_atfork_prepare(); /* a leaf lock: this order is free */
 }
 
 static void atfork_parent(void)
 {
-    pthread_mutex_unlock(&g_remote_mu);
+    remote_relay_atfork_parent();
     pthread_mutex_unlock(&g_fast_mu);
     pthread_mutex_unlock(&g_mu);
 }
@@ -38,7 +38,7 @@ static void atfork_parent(void)
  * watchdog -- is done later by _ensure_watchdog from os.register_at_fork.) */
 static void atfork_child(void)
 {
-    pthread_mutex_unlock(&g_remote_mu); /* its entries: _remote_forget, after fork */
+    remote_relay_atfork_child(); /* its marks; its entries: _remote_forget, after fork */
     pthread_mutex_unlock(&g_fast_mu);
     pthread_mutex_unlock(&g_mu);
     wd_forget_after_fork();
@@ -49,7 +49,6 @@ static void atfork_child(void)
         atomic_store(&s->backstop_gen, 0);
         atomic_store(&s->watch_at, 0);
         atomic_store(&s->pc_queued, 0);
-        atomic_store(&s->remote_req, 0);
         atomic_store(&s->exit_until, 0);
         if (s == t_slot && s->alive) {
             s->tid = (pid_t)syscall(SYS_gettid);

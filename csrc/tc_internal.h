@@ -148,10 +148,7 @@ typedef struct tc_slot {
     uint64_t back_gen;             /* watchdog: gen it kicked off the GIL, due */
     uint64_t free_gen;             /* watchdog: gen it saw the GIL free for ... */
     int64_t free_since;            /* ... first at this time (0 gen: none)  */
-    /* Remote cancels (tc_remote.c): set without the GIL by the control
-     * channel's reader (remote_mark), taken with it at fire time. */
-    _Atomic int remote_req;        /* a scope of this slot was marked      */
-    _Atomic int64_t remote_at;     /* when (written before remote_req)     */
+    struct remote_relay_slot relay; /* accelerator remote_relay's      */
     const void *pc_frame;          /* GIL: where pc_fire last declined     */
     int pc_lasti;
     uint64_t pc_gen;               /* GIL: the gen its declines count for  */
@@ -186,7 +183,7 @@ typedef struct tc_slot {
 
 enum { SCOPE_NEW = 0, SCOPE_ACTIVE = 1, SCOPE_DONE = 2 };
 
-/* Every field is read and written with the GIL held, but remote_cancel. */
+/* Every field is read and written with the GIL held, but `relay`. */
 typedef struct Scope {
     PyObject_HEAD
     PyObject *label;
@@ -221,9 +218,8 @@ typedef struct Scope {
     PyObject *deferred_where; /* "file:line in function" that held it     */
     PyObject *prepared;    /* its DeadlineExceeded, built by the watchdog
                               ahead of the deadline (wd_prepare), or NULL */
-    _Atomic int remote_cancel; /* a cancel for it came off the control
-                              channel (tc_remote.c: set without the GIL
-                              by remote_mark, taken by slot_apply_remote) */
+    struct remote_relay_scope relay; /* accelerator remote_relay's:
+                              written without the GIL (tc_accel.h)      */
 } Scope;
 
 static inline Scope *as_scope(PyObject *o) { return (Scope *)o; }
@@ -270,8 +266,5 @@ static void wd_rescue(struct tc_slot *s);
 static int hook_wake_here(struct tc_slot *s);
 static int wd_ensure(int wait);
 static int wd_running(void);
-
-/* tc_remote.c */
-static void slot_apply_remote(struct tc_slot *s, int64_t now);
 
 #endif /* TC_INTERNAL_H */

@@ -541,17 +541,16 @@ TC_LOCKED_2(PyObject *, mod_ensure_watchdog, PyObject *, PyObject *)
  * whole one, and keeps it open until this thread's next _wait_readable (or
  * TC_URGENT_MAX_NS).  With `control` (the registry's subscriber socket), the
  * bytes that made it ready are first peeked at for cancels of armed scopes
- * (tc_remote.c: remote_peek), which are applied at once, without the GIL;
- * if that was all there was, the GIL is taken back without urgency, once
- * the cancelled jobs have had it (remote_yield).  True
+ * (accelerator remote_relay: remote_relay_on_readable), which are applied
+ * at once, without the GIL; if that was all there was, the GIL is taken
+ * back without urgency, once the cancelled jobs have had it.  True
  * if fd was ready; False after the timeout or an interrupted poll (the
  * caller loops).  For a thread with urgent work and no deadline of its own:
  * it touches no slot, so a scope around it does not shorten the wait. */
 static PyObject *mod_wait_readable(PyObject *m, PyObject *args)
 {
     (void)m;
-    int fd, r, err = 0, control = 0, handled;
-    tc_slot *marked[TC_PEEK_SLOTS];
+    int fd, r, err = 0, control = 0;
     double timeout;
     if (!PyArg_ParseTuple(args, "id|p:_wait_readable", &fd, &timeout, &control))
         return NULL;
@@ -569,8 +568,8 @@ static PyObject *mod_wait_readable(PyObject *m, PyObject *args)
     r = poll(&p, 1, (int)ceil(timeout * 1e3));
     if (r < 0)
         err = errno;
-    else if (r > 0 && control && accel_on(ACCEL_REMOTE_RELAY) && (handled = remote_peek(fd, marked)) > 0)
-        remote_yield(marked, handled); /* nothing urgent left: the jobs go first */
+    else if (r > 0 && control && remote_relay_on_readable(fd))
+        ; /* nothing urgent left: the jobs go first */
     else if (r > 0)
         wd_urgent_begin();
     Py_END_ALLOW_THREADS
@@ -582,7 +581,7 @@ static PyObject *mod_wait_readable(PyObject *m, PyObject *args)
 }
 
 /* _remote_arm(scope, token): let a cancel naming `token` on the registry's
- * control channel stop `scope` without waiting for the GIL (tc_remote.c).
+ * control channel stop `scope` without waiting for the GIL (accel_remote_relay.c).
  * Called in the thread that enters it, before it does. */
 static PyObject *mod_remote_arm_locked(PyObject *m, PyObject *args)
 {

@@ -60,8 +60,8 @@ static void slot_publish(tc_slot *s)
 }
 
 /* The attribute DeadlineScope.cancel() sets, which makes the exception a
- * DeadlineCancelled (read by tc_scope.c, set by tc_remote.c): interned once
- * and kept.  NULL with an error set if it cannot be made.  GIL / core lock. */
+ * DeadlineCancelled (read by tc_scope.c, set by accel_remote_relay.c):
+ * interned once and kept.  NULL with an error set if it cannot be made.  GIL / core lock. */
 static PyObject *str_cancelled(void)
 {
     static PyObject *name;
@@ -171,7 +171,7 @@ static PyObject *slot_raise_here(tc_slot *s)
  * interrupt was raised (or set), 0 if nothing was due. */
 static int slot_fire(tc_slot *s, int64_t now, int local)
 {
-    slot_apply_remote(s, now); /* a cancel off the control channel: due now */
+    remote_relay_apply(s, now); /* a cancel off the control channel: due now */
     PyObject *due = stack_due(s->top, now);
     if (due == NULL || atomic_load(&s->shield) > 0)
         return 0;

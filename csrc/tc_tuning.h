@@ -12,8 +12,8 @@
  * in the commit message and the benchmark's result file, not here.
  *
  * Not here: units (TC_NS_PER_S), argument bounds the Python engine shares
- * (TC_MAX_SECONDS), sizes of buffers and batches (tc_remote.c, tc_watchdog.c:
- * TC_SWEEP_BATCH), and whatever a CPython version decides (tc_compat.h).
+ * (TC_MAX_SECONDS), sizes of buffers and batches (accel_remote_relay.c,
+ * tc_watchdog.c: TC_SWEEP_BATCH), and whatever a CPython version decides (tc_compat.h).
  * Included by tc_internal.h.
  */
 #ifndef TC_TUNING_H

@@ -150,11 +150,11 @@ static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadl
     *st_out = st;
     *deadline_out = d;
     if (st == SLOT_ARMED && d != TC_NEVER) {
-        /* A cancel off the control channel (tc_remote.c): a deadline that
-         * has passed, with no lead (the fire applies it: slot_apply_remote). */
-        int remote = atomic_load(&s->remote_req);
-        int64_t r;
-        if (remote && (r = atomic_load(&s->remote_at)) < d)
+        /* A cancel off the control channel (accelerator remote_relay): a
+         * deadline that has passed, with no lead (the fire applies it). */
+        int64_t r = remote_relay_marked_at(s);
+        int remote = r != TC_NEVER;
+        if (r < d)
             *deadline_out = d = r;
         int64_t w = atomic_load(&s->watch_at); /* wd_watch */
         if (w != 0 && atomic_load(&s->watch_gen) == atomic_load(&s->gen))
@@ -241,8 +241,9 @@ static wd_event wd_plan(int64_t *fast_until, int64_t *look_at)
             !slot_holds_gil(s))
             *fast_until = fu + TC_WATCH_BACK_NS;
         /* a cancel off the control channel: its thread will want the GIL */
-        if (atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->remote_req) &&
-            (fu = atomic_load(&s->remote_at) + TC_FAST_HOLD_NS) > *fast_until)
+        if (atomic_load(&s->state) == SLOT_ARMED &&
+            (fu = remote_relay_marked_at(s)) != TC_NEVER &&
+            (fu += TC_FAST_HOLD_NS) > *fast_until)
             *fast_until = fu;
         if (atomic_load(&s->shield) > 0)
             continue;
@@ -296,10 +297,10 @@ static void wd_prune(int64_t now)
 #endif
 
 /* An ARMED slot's fire is due: its deadline has passed, or a cancel came
- * off the control channel (tc_remote.c). */
+ * off the control channel (accelerator remote_relay). */
 static int slot_fire_due(tc_slot *s, int64_t now)
 {
-    return atomic_load(&s->deadline) <= now || atomic_load(&s->remote_req);
+    return atomic_load(&s->deadline) <= now || remote_relay_marked_at(s) != TC_NEVER;
 }
 
 /* With the GIL: handle every slot that is due now.  g_mu is held only to

@@ -245,7 +245,7 @@ static int wd_watch(wd_event ev)
     if (ev.deadline == TC_NEVER || atomic_load(&s->prearmed))
         goto usual;
     if (!slot_holds_gil(s)) {
-        /* A cancel off the control channel (tc_remote.c) for a thread that
+        /* A cancel off the control channel (remote_relay) for a thread that
          * waits for the GIL: it is due already, there was no lead to take
          * the GIL ahead.  Rather than queue for the GIL among the busy
          * threads -- a whole turn before the guarded thread's own -- the call
@@ -255,7 +255,7 @@ static int wd_watch(wd_event ev)
          * the call within TC_WATCH_MAX_NS (a holder in C code that checks no
          * breaker). */
         const void *holder;
-        int busy = tc_gil_holder(&holder) == 1, remote = atomic_load(&s->remote_req);
+        int busy = tc_gil_holder(&holder) == 1, remote = remote_relay_marked_at(s) != TC_NEVER;
         if (now - ev.deadline >= (remote ? TC_WATCH_MAX_NS : TC_WATCH_BACK_NS))
             goto usual;
         if (remote) {

@@ -27,8 +27,8 @@
  *                         needs the GIL
  *   tc_wd_fire.c          taking the GIL, pre-arm, prepare, the self-fire
  *   tc_wd_main.c          the watchdog's loop, placement, start and stop
- *   tc_remote.c           remote cancels read off the registry's control
- *                         channel
+ *   accel_remote_relay.c  accelerator remote_relay: remote cancels read
+ *                         off the registry's control channel
  *   tc_scope.c            the Scope type: construction, enter and exit
  *                         (they keep the GIL)
  *   tc_scope_views.c      the Scope type's other methods and views
@@ -53,7 +53,7 @@
 #include "tc_fast_window.c"
 #include "tc_wd_fire.c"
 #include "tc_wd_main.c"
-#include "tc_remote.c"
+#include "accel_remote_relay.c"
 #include "tc_scope.c"
 #include "tc_scope_views.c"
 #include "tc_module.c"

@@ -182,7 +182,7 @@ struct tc_stats {
                                   instead of spinning: it was on the
                                   thread's CPU                            */
     uint64_t remote_cancels;   /* cancels read off the registry's control
-                                  channel without the GIL (tc_remote.c)   */
+                                  channel without the GIL (remote_relay)  */
     uint64_t remote_relays;    /* ... of them fired by the GIL's holder at
                                   the watchdog's request (tc_deliver_steps.c) */
     uint64_t exit_lingers;     /* fired blocks' exits that held the fast

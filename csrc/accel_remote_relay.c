@@ -1,6 +1,8 @@
 /*
- * tc_remote.c -- remote cancels: a coordinator's cancel, read off the Redis
- * registry's control channel, applied without waiting for the GIL.
+ * accel_remote_relay.c -- accelerator remote_relay: a coordinator's cancel,
+ * read off the Redis registry's control channel, applied without waiting
+ * for the GIL.  Its hooks and per-slot/per-scope state: tc_accel.h.  Part
+ * of the unity build (timeoutcore.c).
  *
  * Why.  A cancel reaches a worker process as a pub/sub message on the
  * registry's subscriber socket.  Applied in Python, it first waits for the
@@ -8,15 +10,19 @@
  * of the fast window's GIL switches, each a turn behind the busy threads
  * (bench_contrib.py test_cancel_to_stop_latency) -- and only then does the
  * watchdog hear of it.  Here
- * the subscriber's wait (tc_module.c: _wait_readable with control=True)
- * peeks at the bytes that woke it, still without the GIL; a cancel for a
+ * the subscriber's wait (tc_module.c: _wait_readable with control=True,
+ * remote_relay_on_readable) peeks at the bytes that woke it, still without
+ * the GIL; a cancel for a
  * token that this process armed marks the scope and its slot and wakes the
  * watchdog, which fires the slot as it fires a deadline that has passed
- * (the self-fire included: tc_watchdog.c, slot_due_at).  The subscriber
+ * (the self-fire included: tc_watchdog.c, slot_due_at, through
+ * remote_relay_marked_at).  The subscriber
  * still reads and applies the message in Python afterwards, as before, and
  * its cancel() then finds the scope expired.  So this path can only make a
  * cancel earlier: a message it does not recognise, a partial read, a token
- * it has no entry for -- all of it is left to the Python path.
+ * it has no entry for -- all of it is left to the Python path.  Off
+ * (TIMEOUTCORE_ACCEL), nothing is peeked at and nothing marked; the arms
+ * below are still kept (the registry makes them either way), unused.
  *
  * Contract.
  *   remote_arm, remote_disarm, remote_forget (the module's _remote_arm,
@@ -25,18 +31,19 @@
  *     the scope (its observer's on_enter), disarm from any thread.  An entry
  *     owns a strong reference to its scope, so the scope outlives it.
  *   remote_peek: any thread, WITHOUT the GIL: reads the socket with MSG_PEEK
- *     (it never consumes a byte), and under g_remote_mu only compares tokens
- *     and stores atomics (Scope.remote_cancel, tc_slot.remote_at/remote_req);
- *     then wakes the watchdog.  It never touches a Python object.
- *   slot_apply_remote: with the GIL / core lock, at fire time (slot_fire,
+ *     (it never consumes a byte), and under g_relay.mu only compares tokens
+ *     and stores atomics (Scope.relay, tc_slot.relay); then wakes the
+ *     watchdog.  It never touches a Python object.
+ *   remote_relay_apply: with the GIL / core lock, at fire time (slot_fire,
  *     pc_fire, and the watchdog's due test): a marked scope that is still
  *     on its slot's stack, active and not expired, is cancelled exactly as
  *     DeadlineScope.cancel() does it -- `_cancelled` set, deadline now --
  *     before the due scope is looked for.  A mark for a scope that has
  *     left the stack, or that has not reached it yet, does nothing (the
  *     Python path still cancels it).
- *   g_remote_mu is a leaf lock: nothing else is taken while it is held.
- *   Fork: held across fork() (tc_export.c: atfork); the child's entries
+ *   g_relay.mu is a leaf lock: nothing else is taken while it is held.
+ *   Fork: held across fork() (tc_export.c: atfork, through the
+ *   remote_relay_atfork_* hooks); the child's entries
  *   belong to the parent's jobs and are dropped by remote_forget, which the
  *   Python-level after-fork hook calls (it may release references).
  */
@@ -54,9 +61,12 @@ typedef struct tc_remote {
     char token[TC_TOKEN_LEN];
 } tc_remote;
 
-static pthread_mutex_t g_remote_mu = PTHREAD_MUTEX_INITIALIZER; /* g_remotes */
-static tc_remote *g_remotes;
-static _Atomic int g_remote_n; /* entries, for a look without the mutex */
+/* The accelerator's state. */
+static struct {
+    pthread_mutex_t mu;  /* entries (a leaf lock)                    */
+    tc_remote *entries;  /* every armed scope                        */
+    _Atomic int n;       /* how many, for a look without the mutex   */
+} g_relay = {PTHREAD_MUTEX_INITIALIZER, NULL, 0};
 
 /* GIL: arm `scope` to be cancelled by `token` (bytes, TC_TOKEN_LEN hex
  * digits) read off the control channel.  0, or -1 with an error set. */
@@ -90,20 +100,20 @@ static int remote_arm(PyObject *scope, PyObject *token)
     memcpy(e->token, t, TC_TOKEN_LEN);
     e->slot = s;
     e->scope = Py_NewRef(scope);
-    atomic_store(&as_scope(scope)->remote_cancel, 0);
-    pthread_mutex_lock(&g_remote_mu);
-    for (tc_remote *o = g_remotes; o != NULL; o = o->next)
+    atomic_store(&as_scope(scope)->relay.cancel, 0);
+    pthread_mutex_lock(&g_relay.mu);
+    for (tc_remote *o = g_relay.entries; o != NULL; o = o->next)
         if (o->scope == scope) {
-            pthread_mutex_unlock(&g_remote_mu);
+            pthread_mutex_unlock(&g_relay.mu);
             Py_DECREF(e->scope);
             free(e);
             PyErr_SetString(PyExc_ValueError, "_remote_arm(): this scope is armed already");
             return -1;
         }
-    e->next = g_remotes;
-    g_remotes = e;
-    atomic_fetch_add(&g_remote_n, 1);
-    pthread_mutex_unlock(&g_remote_mu);
+    e->next = g_relay.entries;
+    g_relay.entries = e;
+    atomic_fetch_add(&g_relay.n, 1);
+    pthread_mutex_unlock(&g_relay.mu);
     return 0;
 }
 
@@ -111,18 +121,18 @@ static int remote_arm(PyObject *scope, PyObject *token)
 static int remote_disarm(PyObject *scope)
 {
     tc_remote *e = NULL;
-    pthread_mutex_lock(&g_remote_mu);
-    for (tc_remote **pp = &g_remotes; *pp != NULL; pp = &(*pp)->next)
+    pthread_mutex_lock(&g_relay.mu);
+    for (tc_remote **pp = &g_relay.entries; *pp != NULL; pp = &(*pp)->next)
         if ((*pp)->scope == scope) {
             e = *pp;
             *pp = e->next;
-            atomic_fetch_sub(&g_remote_n, 1);
+            atomic_fetch_sub(&g_relay.n, 1);
             break;
         }
-    pthread_mutex_unlock(&g_remote_mu);
+    pthread_mutex_unlock(&g_relay.mu);
     if (e == NULL)
         return 0;
-    atomic_store(&as_scope(e->scope)->remote_cancel, 0);
+    atomic_store(&as_scope(e->scope)->relay.cancel, 0);
     Py_DECREF(e->scope); /* may run a finalizer: no lock of ours is held */
     free(e);
     return 1;
@@ -131,11 +141,11 @@ static int remote_disarm(PyObject *scope)
 /* GIL, in a fork child: drop every entry (the parent's jobs). */
 static void remote_forget(void)
 {
-    pthread_mutex_lock(&g_remote_mu);
-    tc_remote *e = g_remotes;
-    g_remotes = NULL;
-    atomic_store(&g_remote_n, 0);
-    pthread_mutex_unlock(&g_remote_mu);
+    pthread_mutex_lock(&g_relay.mu);
+    tc_remote *e = g_relay.entries;
+    g_relay.entries = NULL;
+    atomic_store(&g_relay.n, 0);
+    pthread_mutex_unlock(&g_relay.mu);
     while (e != NULL) {
         tc_remote *next = e->next;
         Py_DECREF(e->scope);
@@ -150,16 +160,16 @@ static tc_slot *remote_mark(const char *token)
 {
     tc_slot *found = NULL;
     int64_t now = now_ns();
-    pthread_mutex_lock(&g_remote_mu);
-    for (tc_remote *e = g_remotes; e != NULL; e = e->next)
+    pthread_mutex_lock(&g_relay.mu);
+    for (tc_remote *e = g_relay.entries; e != NULL; e = e->next)
         if (memcmp(e->token, token, TC_TOKEN_LEN) == 0) {
-            atomic_store(&as_scope(e->scope)->remote_cancel, 1);
-            atomic_store(&e->slot->remote_at, now); /* before the flag: slot_due_at */
-            atomic_store(&e->slot->remote_req, 1);
+            atomic_store(&as_scope(e->scope)->relay.cancel, 1);
+            atomic_store(&e->slot->relay.at, now); /* before the flag: remote_relay_marked_at */
+            atomic_store(&e->slot->relay.req, 1);
             found = e->slot;
             break;
         }
-    pthread_mutex_unlock(&g_remote_mu);
+    pthread_mutex_unlock(&g_relay.mu);
     if (found) {
         STAT_INC(remote_cancels);
         wd_wake();
@@ -231,7 +241,7 @@ static int remote_peek(int fd, tc_slot **marked)
     char buf[TC_PEEK_MAX];
     const char *p = buf, *end;
     int handled = 0;
-    if (atomic_load(&g_remote_n) == 0)
+    if (atomic_load(&g_relay.n) == 0)
         return 0;
     ssize_t got = recv(fd, buf, sizeof buf, MSG_PEEK | MSG_DONTWAIT);
     if (got <= 0)
@@ -275,29 +285,47 @@ static void remote_yield(tc_slot **marked, int n)
         n = TC_PEEK_SLOTS;
     for (int i = 0; i < n; i++) {
         tc_slot *s = marked[i];
-        while (now_ns() < end && (atomic_load(&s->remote_req) ||
+        while (now_ns() < end && (atomic_load(&s->relay.req) ||
                                   atomic_load(&s->state) == SLOT_INJECTED ||
                                   atomic_load(&s->exit_until) > now_ns()))
             sleep_until(now_ns() + TC_REMOTE_YIELD_STEP_NS);
     }
 }
 
-/* GIL / core lock, at fire time: turn the marks the control channel left on
- * slot `s` into cancels (see the contract above).  Leaves the slot as it
- * was if an exception is being handled here (the next fire applies them). */
-static void slot_apply_remote(tc_slot *s, int64_t now)
+/* -- Hooks (tc_accel.h) ------------------------------------------------------ */
+
+static int remote_relay_on_readable(int fd)
+{
+    tc_slot *marked[TC_PEEK_SLOTS];
+    int handled;
+    if (!accel_on(ACCEL_REMOTE_RELAY) || (handled = remote_peek(fd, marked)) <= 0)
+        return 0;
+    remote_yield(marked, handled); /* nothing urgent left: the jobs go first */
+    return 1;
+}
+
+static int64_t remote_relay_marked_at(tc_slot *s)
+{
+    if (!accel_on(ACCEL_REMOTE_RELAY) || !atomic_load(&s->relay.req))
+        return TC_NEVER;
+    return atomic_load(&s->relay.at);
+}
+
+/* Leaves the slot as it was if an exception is being handled here (the
+ * next fire applies the marks). */
+static void remote_relay_apply(tc_slot *s, int64_t now)
 {
     PyObject *name;
-    if (!atomic_load(&s->remote_req) || PyErr_Occurred())
+    if (!atomic_load(&s->relay.req) || PyErr_Occurred())
         return;
     if ((name = str_cancelled()) == NULL) {
         PyErr_Clear();
         return;
     }
-    atomic_store(&s->remote_req, 0);
+    atomic_store(&s->relay.req, 0);
     for (PyObject *p = s->top; p != NULL; p = as_scope(p)->parent) {
         Scope *sc = as_scope(p);
-        if (!atomic_exchange(&sc->remote_cancel, 0) || sc->state != SCOPE_ACTIVE ||
+        if (!atomic_exchange(&sc->relay.cancel, 0) || sc->state != SCOPE_ACTIVE ||
             sc->expired || sc->deadline <= now)
             continue;
         if (PyObject_SetAttr(p, name, Py_True) < 0) { /* what cancel() sets */
@@ -308,4 +336,19 @@ static void slot_apply_remote(tc_slot *s, int64_t now)
         Py_CLEAR(sc->prepared); /* for the old deadline */
     }
     slot_publish(s); /* a new gen in any case: the watchdog plans afresh */
+}
+
+/* A leaf lock: taken last, after the core's (tc_export.c: atfork_prepare). */
+static void remote_relay_atfork_prepare(void) { pthread_mutex_lock(&g_relay.mu); }
+
+static void remote_relay_atfork_parent(void) { pthread_mutex_unlock(&g_relay.mu); }
+
+/* The entries stay: they are the parent's jobs, dropped by remote_forget,
+ * which the Python-level after-fork hook calls (it may release
+ * references).  The marks go. */
+static void remote_relay_atfork_child(void)
+{
+    pthread_mutex_unlock(&g_relay.mu);
+    for (tc_slot *s = g_slots; s != NULL; s = s->next)
+        atomic_store(&s->relay.req, 0);
 }
