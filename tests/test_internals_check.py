@@ -20,6 +20,8 @@ import pytest
 
 import timeoutcore
 
+from conftest import FREE_THREADED
+
 pytestmark = pytest.mark.skipif(
     timeoutcore.ENGINE != "native", reason="the import check is the native core's"
 )
@@ -102,6 +104,7 @@ def supported() -> set[str]:
     return {n for n, w in why.items() if not (w or "").startswith("unsupported on this CPython")}
 
 
+@pytest.mark.skipif(FREE_THREADED, reason="no GIL state to point the check at")
 def test_a_wrong_gil_address_is_refused_said_and_logged(tmp_path: Path) -> None:
     out = run_child(tmp_path, TIMEOUTCORE_TEST_CORRUPT_GIL_OFFSET="1")
     reason = out["internals"]
