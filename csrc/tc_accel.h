@@ -54,9 +54,6 @@
  *   sleeping_tracer  tc_hook_trace.c: hook_sleep
  *   direct_delivery  tc_deliver_steps.c: deliver_async, before deliver_direct
  *   prepare          tc_wd_fire.c: wd_prepare
- *   placement        tc_wd_main.c: wd_place, wd_step_aside
- *   rescue           tc_os.c: timer_backstop (no backstop timer armed);
- *                    tc_watchdog.c: wd_rescue
  */
 #ifndef TC_ACCEL_H
 #define TC_ACCEL_H
@@ -123,5 +120,49 @@ static void remote_relay_apply(struct tc_slot *s, int64_t now);
 static void remote_relay_atfork_prepare(void);
 static void remote_relay_atfork_parent(void);
 static void remote_relay_atfork_child(void);
+
+/* -- placement, rescue (accel_placement_rescue.c) ----------------------------
+ * Where the watchdog thread runs: placement (free-threaded) moves it to the
+ * CPU of the thread whose pre-armed deadline it will fire, rescue moves a
+ * starved watchdog to the CPU of a guarded thread whose backstop timer
+ * fired.  One file: both move the watchdog's affinity, under one lock. */
+
+/* The watchdog thread, as it starts (no GIL). */
+static void rescue_watchdog_start(void);
+
+/* The watchdog, before it sleeps for its next event -- slot `s`'s deadline
+ * of generation `gen` (s NULL, deadline TC_NEVER: none): back to its own
+ * CPU set after a rescue, and the slot's backstop timer armed (g_mu taken
+ * briefly).  No GIL. */
+static void rescue_before_sleep(struct tc_slot *s, uint64_t gen, int64_t deadline);
+
+/* Any thread, GIL or not, the slot's thread alive (wd_notify: a deadline
+ * the watchdog may not wake for in time): arm slot `s`'s backstop timer
+ * for its deadline of generation `gen`, once per gen.  One system call. */
+static void rescue_arm(struct tc_slot *s, uint64_t gen, int64_t deadline);
+
+/* The signal handler (tc_os.c: tc_handler), in slot `s`'s thread, when the
+ * signal came from its timer and was no sleeping tracer's alarm.
+ * Async-signal-safe: atomics, getcpu, a try-locked sched_setaffinity of
+ * the watchdog, a futex wake, sched_yield. */
+static void rescue_on_signal(struct tc_slot *s);
+
+#if TC_FREE_THREADED
+/* The watchdog thread, as it starts, and the fork child (no other thread):
+ * on its own CPU set again. */
+static void placement_watchdog_start(void);
+static void placement_after_fork(void);
+
+/* The watchdog, no GIL, before it sleeps until `wake` for its next event,
+ * at `at`, slot `s`'s `deadline`: moves itself where it should wait.
+ * Returns when to wake (earlier, to move at the right moment). */
+static int64_t placement_before_sleep(struct tc_slot *s, int64_t deadline, int64_t at,
+                                      int64_t wake, int64_t now);
+
+/* A guarded thread that fired its own pre-armed deadline, or is raising a
+ * fired one, any lock held: keep the watchdog off its CPU (nothing unless
+ * the watchdog waits there). */
+static void placement_step_aside(void);
+#endif
 
 #endif /* TC_ACCEL_H */

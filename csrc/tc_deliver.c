@@ -238,9 +238,6 @@ static int deliver_here(tc_slot *s, int vetted, int mode);
 static void deliver_pending(tc_slot *s, int async_self);
 static void deliver_pending_here(tc_slot *s);
 static int slot_fire(tc_slot *s, int64_t now, int local); /* tc_slot.c */
-#if TC_FREE_THREADED
-static void wd_step_aside(void); /* tc_wd_main.c */
-#endif
 
 /* -- Pre-armed slots ----------------------------------------------------------
  * The watchdog may arm the hook shortly before a deadline (wd_prearm,
@@ -317,7 +314,7 @@ static void prearm_fire(tc_slot *s)
         atomic_store(&s->fast_until, now + TC_FAST_HOLD_NS);
         STAT_INC(self_fires);
 #if TC_FREE_THREADED
-        wd_step_aside();
+        placement_step_aside();
 #endif
     }
 }

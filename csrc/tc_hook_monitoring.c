@@ -158,7 +158,7 @@ static void hook_disarm(tc_slot *s, PyThreadState *t)
     if (atomic_exchange(&s->hooked, 0) && atomic_fetch_sub(&g_armed, 1) == 1) {
         atomic_store(&g_events_idle_at, now_ns());
         if (s == t_slot)
-            wd_step_aside(); /* not woken on this thread's CPU: tc_wd_main.c */
+            placement_step_aside(); /* not woken on this thread's CPU */
         wd_wake(); /* it plans the switch-off */
     }
 #else

@@ -165,7 +165,7 @@ static void hook_wake(tc_slot *s, PyThreadState *t, int on)
 /* GIL, the slot's thread paused or the caller, right after the pre-arm's
  * hook_arm: put the tracer to sleep until `deadline`.  The alarm holds the
  * slot's timer for its current gen (tc_os.c: timer_set_at), so the
- * watchdog's backstop does not set it again (timer_backstop); the handler
+ * watchdog's backstop does not set it again (rescue_arm); the handler
  * does, after the alarm. */
 static void hook_sleep(tc_slot *s, PyThreadState *t, int64_t deadline)
 {

@@ -70,8 +70,9 @@ typedef struct tc_slot {
     int timer_ok;                  /* timer_id is a live kernel timer      */
     int timer_id;
     _Atomic uint64_t backstop_gen; /* the gen its timer is armed for as the
-                                      watchdog's backstop, 0 if none (tc_os.c:
-                                      timer_backstop; any thread)          */
+                                      watchdog's backstop, 0 if none (any
+                                      thread: rescue_arm, the kick, the
+                                      sleeping tracer's alarm)             */
 
     /* slot_get (GIL + g_mu) and the atfork child; read by anyone. */
     pid_t tid;                     /* kernel thread id (gettid)            */
@@ -131,7 +132,7 @@ typedef struct tc_slot {
                                       by deliver_cancel)                   */
     _Atomic int cpu;               /* the CPU the owner last noted running
                                       on, -1 if none yet: free-threaded, its
-                                      pre-armed hook's (wd_place); with a
+                                      pre-armed hook's (placement); with a
                                       GIL, 3.12+, at the self-fire's
                                       prepare (wd_watch's spin)            */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
@@ -262,7 +263,6 @@ static void slot_wake_and_kick(struct tc_slot *s);
 /* tc_watchdog.c */
 static void wd_wake(void);
 static void wd_notify(struct tc_slot *s, int64_t deadline, int64_t now);
-static void wd_rescue(struct tc_slot *s);
 static int hook_wake_here(struct tc_slot *s);
 static int wd_ensure(int wait);
 static int wd_running(void);

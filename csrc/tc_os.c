@@ -97,176 +97,6 @@ static int os_short_slice(uint64_t ns)
     return 0;
 }
 
-/* Where the watchdog runs (free-threaded builds only: tc_tuning.h,
- * TC_PIN_AHEAD_NS): g_place is TC_CPUS_OWN (its own CPU set), a CPU k >= 0
- * (k only) or TC_CPUS_AWAY(k) (its set but k), and always says what its
- * affinity is: it changes only together with the affinity, under
- * g_place_busy -- a try-lock the watchdog (os_place) and a guarded thread
- * that fired its own deadline or raises a fired one (os_push_away) hold
- * for one or two system calls each, and that neither waits for: the other
- * is moving it, and only precision is lost.  g_own_cpus is the watchdog's
- * set when it left TC_CPUS_OWN, read then, so a later change of the
- * process's affinity by the user is respected; written before g_place
- * leaves TC_CPUS_OWN. */
-#if TC_FREE_THREADED
-#define TC_CPUS_OWN (-1)
-#define TC_CPUS_AWAY(k) (-2 - (k))
-static cpu_set_t g_own_cpus;
-static _Atomic int g_place = TC_CPUS_OWN;
-static _Atomic int g_place_busy;
-
-static inline int place_lock(void) { return atomic_exchange(&g_place_busy, 1) == 0; }
-static inline void place_unlock(void) { atomic_store(&g_place_busy, 0); }
-
-/* The watchdog at its start, the atfork child: on its own set, unlocked. */
-static void os_place_init(void)
-{
-    atomic_store(&g_place, TC_CPUS_OWN);
-    place_unlock();
-}
-
-/* The CPU set that `place` stands for; 0 if there is none (a CPU outside
- * the watchdog's set, or nothing but it). */
-static int place_set(int place, cpu_set_t *set)
-{
-    int k = place >= 0 ? place : TC_CPUS_AWAY(place); /* AWAY is its own inverse */
-    *set = g_own_cpus;
-    if (place == TC_CPUS_OWN)
-        return 1;
-    if (k >= CPU_SETSIZE || !CPU_ISSET(k, &g_own_cpus))
-        return 0;
-    if (place >= 0) {
-        CPU_ZERO(set);
-        CPU_SET(k, set);
-        return 1;
-    }
-    CPU_CLR(k, set);
-    return CPU_COUNT(set) > 0;
-}
-
-/* Move the watchdog -- thread `tid`, 0 from the watchdog itself -- to
- * `place`: the CPU set place_set gives for it, or `set` if not NULL.
- * Returns 0, or an errno (busy: another thread is moving it; EINVAL: no
- * such place); it then stays where it is. */
-static int place_move(pid_t tid, int place, const cpu_set_t *set)
-{
-    cpu_set_t placed;
-    int err = 0;
-    if (atomic_load(&g_place) == place)
-        return 0;
-    if (!place_lock())
-        return EBUSY;
-    if (atomic_load(&g_place) == TC_CPUS_OWN &&
-        sched_getaffinity(tid, sizeof g_own_cpus, &g_own_cpus) != 0)
-        err = errno;
-    else if (set == NULL && !place_set(place, &placed))
-        err = EINVAL;
-    else if (sched_setaffinity(tid, sizeof placed, set != NULL ? set : &placed) != 0)
-        err = errno;
-    else
-        atomic_store(&g_place, place);
-    place_unlock();
-    return err;
-}
-
-/* The watchdog: run where `place` says. */
-static int os_place(int place) { return place_move(0, place, NULL); }
-
-/* A guarded thread on `cpu` that has just fired its own deadline or raises
- * a fired one, any lock held: if the watchdog `tid` waits on this CPU, move
- * it off (one system call) -- its wake-up at the grace's end, or one the
- * block's exit asks for, would otherwise preempt this very thread, which
- * then waits a tick behind a busy one. */
-static void os_push_away(pid_t tid, int cpu)
-{
-    cpu_set_t set;
-    if (tid <= 0 || cpu < 0 || atomic_load(&g_place) != cpu || !place_lock())
-        return;
-    if (atomic_load(&g_place) == cpu && place_set(TC_CPUS_AWAY(cpu), &set) &&
-        sched_setaffinity(tid, sizeof set, &set) == 0)
-        atomic_store(&g_place, TC_CPUS_AWAY(cpu));
-    place_unlock();
-}
-#endif
-
-/* -- The watchdog's rescue (tc_tuning.h: TC_BACKSTOP_NS) -------------------
- * The backstop's signal handler, in a guarded thread on `cpu` (async-signal-
- * safe: a few system calls), moves a starved watchdog `tid` to that CPU --
- * one it started with, whatever its affinity is at that moment (os_rescue:
- * 0, or an errno) -- and the watchdog goes back before it sleeps again
- * (os_rescue_undo).
- *
- * Free-threaded, where the watchdog has a placement of its own (g_place,
- * above): the move is one more placement, under the same try-lock, and
- * wd_place, which runs before every sleep, decides where it goes next.
- * With a GIL: g_rescue_busy is a try-lock only rescuers hold, never across a
- * move of the watchdog by itself -- a thread that changes its own affinity
- * may be migrated in that call onto the very CPU it is starved on, and stay
- * there, mid-call, for as long; with a lock held, no later rescue could move
- * it.  Either way, a rescue that finds the lock taken gives up (EBUSY:
- * another move is under way). */
-static cpu_set_t g_start_cpus;     /* the watchdog's set at its start       */
-static _Atomic int g_start_known;  /* ... read (os_place_start)             */
-#if !TC_FREE_THREADED
-static cpu_set_t g_rescue_own;     /* its set before the first rescue ...   */
-static _Atomic int g_rescued;      /* ... which has not been undone         */
-static _Atomic int g_rescue_busy;
-#endif
-
-/* The watchdog, as it starts: note its CPU set. */
-static void os_place_start(void)
-{
-#if !TC_FREE_THREADED
-    atomic_store(&g_rescued, 0);
-    atomic_store(&g_rescue_busy, 0);
-#endif
-    atomic_store(&g_start_known, sched_getaffinity(0, sizeof g_start_cpus, &g_start_cpus) == 0);
-}
-
-static int os_rescue(pid_t tid, int cpu)
-{
-    cpu_set_t set;
-    int err = 0;
-    if (tid <= 0 || cpu < 0 || cpu >= CPU_SETSIZE || !atomic_load(&g_start_known) ||
-        !CPU_ISSET(cpu, &g_start_cpus))
-        return EINVAL;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-#if TC_FREE_THREADED
-    if (atomic_load(&g_place) == cpu)
-        return EALREADY;
-    err = place_move(tid, cpu, &set); /* a CPU it started with, even outside its own set */
-#else
-    if (atomic_exchange(&g_rescue_busy, 1))
-        return EBUSY;
-    if (!atomic_load(&g_rescued) && sched_getaffinity(tid, sizeof g_rescue_own, &g_rescue_own) != 0)
-        err = errno;
-    else if (sched_setaffinity(tid, sizeof set, &set) != 0)
-        err = errno;
-    else
-        atomic_store(&g_rescued, 1);
-    atomic_store(&g_rescue_busy, 0);
-#endif
-    return err;
-}
-
-/* The watchdog, before it sleeps: back to its own set after a rescue
- * (free-threaded: wd_place does, from g_own_cpus). */
-static void os_rescue_undo(void)
-{
-#if !TC_FREE_THREADED
-    cpu_set_t own;
-    if (!atomic_load(&g_rescued) || atomic_exchange(&g_rescue_busy, 1))
-        return;
-    own = g_rescue_own;
-    atomic_store(&g_rescued, 0);
-    atomic_store(&g_rescue_busy, 0);
-    /* Fails only for a set with no allowed CPU (the user changed the
-     * process's affinity meanwhile): it then stays where the rescue put it. */
-    (void)sched_setaffinity(0, sizeof own, &own);
-#endif
-}
-
 /* -- The signal handler: async-signal-safe, no lock -------------------------- */
 
 /* Its first purpose is to exist: installed without SA_RESTART, it makes the
@@ -276,7 +106,7 @@ static void os_rescue_undo(void)
  * the alarm that wakes the thread's sleeping tracer at its deadline
  * (tc_hook_trace.c: hook_wake_here: atomics, a clock read, one byte store
  * into this thread's cframe, timer_settime, a futex wake), or else the
- * watchdog's backstop (wd_rescue: atomics, getcpu, a try-locked
+ * watchdog's backstop (rescue_on_signal: atomics, getcpu, a try-locked
  * sched_setaffinity of the watchdog, a futex wake, sched_yield).  No lock,
  * no allocation, no Python API: timeoutcore.h (ASYNC-SIGNAL-SAFETY) says
  * why each step is safe here.  Decisions are taken from the slot's state,
@@ -289,7 +119,7 @@ static void tc_handler(int signo, siginfo_t *si, void *uc)
     STAT_INC(signals_seen);
     if (si != NULL && si->si_code == SI_TIMER && si->si_value.sival_ptr != NULL &&
         !hook_wake_here((tc_slot *)si->si_value.sival_ptr)) /* not a sleeping tracer's alarm */
-        wd_rescue((tc_slot *)si->si_value.sival_ptr);
+        rescue_on_signal((tc_slot *)si->si_value.sival_ptr);
     errno = saved;
 }
 
@@ -431,17 +261,6 @@ static int timer_set_at(tc_slot *s, uint64_t gen, int64_t at)
         return -1;
     }
     return 0;
-}
-
-/* Arm the slot's timer to expire TC_BACKSTOP_NS past `deadline`, the
- * deadline of its generation `gen`, unless it is armed for that gen already
- * (tc_watchdog.c: wd_rescue).  Any thread; the slot's thread alive. */
-static void timer_backstop(tc_slot *s, uint64_t gen, int64_t deadline)
-{
-    if (!accel_on(ACCEL_RESCUE) || !s->timer_ok || deadline == TC_NEVER ||
-        atomic_exchange(&s->backstop_gen, gen) == gen)
-        return;
-    (void)timer_set_at(s, gen, deadline + TC_BACKSTOP_NS); /* failed: no backstop, as before */
 }
 
 /* Take the backstop back, if armed: the slot's deadline changed (its

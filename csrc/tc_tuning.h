@@ -185,7 +185,7 @@
 
 /* -- placement ------------------------------------------------------------------ */
 
-/* Free-threaded (tc_wd_main.c: wd_place).  With more busy threads than
+/* Free-threaded (accel_placement_rescue.c: placement_before_sleep).  With more busy threads than
  * CPUs the guarded thread is off its CPU at a random instant about half the
  * time, and then waits for the scheduler's tick behind a busy thread.  The
  * watchdog's wake-up at the grace's end is a scheduling point, but only on
@@ -210,7 +210,7 @@
 
 /* -- rescue --------------------------------------------------------------------- */
 
-/* The watchdog's backstop (tc_watchdog.c: wd_rescue).  A watchdog woken on
+/* The watchdog's backstop (accel_placement_rescue.c: rescue_on_signal).  A watchdog woken on
  * the other CPU may be runnable there and not run -- a kernel thread holding
  * that CPU is not preempted -- while the guarded thread holds this one.  So
  * the thread's own kernel timer is armed this long past the deadline (by

@@ -92,47 +92,9 @@ static void wd_notify(tc_slot *s, int64_t deadline, int64_t now)
                                               : deadline;
     int wake = need < planned;
     if (atomic_load(&s->alive) && (wake || planned <= (now != 0 ? now : now_ns())))
-        timer_backstop(s, atomic_load(&s->gen), deadline);
+        rescue_arm(s, atomic_load(&s->gen), deadline);
     if (wake)
         wd_wake();
-}
-
-/* The backstop's signal handler, in slot s's thread (tc_os.c: tc_handler;
- * async-signal-safe: atomics and system calls).  If the signal is s's
- * backstop -- armed for its current gen, which has not fired -- and the
- * watchdog has not planned since the deadline, it is starved of a CPU:
- * move it to this thread's (os_rescue) and wake it; it preempts this
- * thread there, acts, and goes back to its own CPU set before it sleeps
- * again.  A watchdog waiting for the GIL (or holding it up to the deadline)
- * is moved too, which only costs it a migration. */
-static void wd_rescue(tc_slot *s)
-{
-    uint64_t gen = atomic_load(&s->backstop_gen);
-    unsigned cpu = 0;
-    if (!accel_on(ACCEL_RESCUE) || gen == 0 || gen != atomic_load(&s->gen) ||
-        atomic_load(&s->state) != SLOT_ARMED ||
-        atomic_load(&g_wd_seen_at) >= atomic_load(&s->deadline))
-        return;
-    if (syscall(SYS_getcpu, &cpu, NULL, NULL) != 0)
-        return;
-    int moved = os_rescue((pid_t)atomic_load(&g_wd_tid), (int)cpu) == 0;
-    wd_wake();
-    if (moved) {
-        STAT_INC(rescues);
-        (void)sched_yield();
-    }
-}
-
-/* Before the watchdog sleeps for slot s's deadline of generation `gen`: the
- * slot's backstop, armed once per gen. */
-static void wd_backstop(tc_slot *s, uint64_t gen, int64_t deadline)
-{
-    if (s != NULL && deadline != TC_NEVER && atomic_load(&s->backstop_gen) != gen) {
-        pthread_mutex_lock(&g_mu); /* the timer lives while the slot does */
-        if (s->alive)
-            timer_backstop(s, gen, deadline);
-        pthread_mutex_unlock(&g_mu);
-    }
 }
 
 typedef struct {

@@ -1,85 +1,17 @@
 /*
- * tc_wd_main.c -- the watchdog thread's loop (wd_main: plan, place, sleep,
- * fire), where it waits on a free-threaded build (wd_place, wd_step_aside:
- * accelerator placement), and its lifecycle: start (wd_ensure), stop and
+ * tc_wd_main.c -- the watchdog thread's loop (wd_main: plan, sleep, fire;
+ * before it sleeps, the placement and rescue hooks,
+ * accel_placement_rescue.c), and its lifecycle: start (wd_ensure), stop and
  * join (wd_stop), forget after fork.  Part of the unity build
  * (timeoutcore.c), after tc_wd_fire.c.
  *
- * Who calls what: wd_main and wd_place run in the watchdog thread, which has
+ * Who calls what: wd_main runs in the watchdog thread, which has
  * all signals blocked and one thread state of its own; it plans without the
- * GIL and takes it only to act (tc_watchdog.c).  wd_step_aside runs in a
- * guarded thread that fired or raised its own deadline (its hook,
- * tc_deliver.c: prearm_fire).  wd_ensure and wd_stop run with the GIL
+ * GIL and takes it only to act (tc_watchdog.c).  wd_ensure and wd_stop run with the GIL
  * (released while waiting or joining); wd_forget_after_fork in the fork
  * child, where no other thread exists.  Nothing here runs in a signal
  * handler.
  */
-
-#if TC_FREE_THREADED
-/* Where the watchdog waits (tc_tuning.h: TC_PIN_AHEAD_NS), decided before
- * it sleeps until `wake` for `ev`.  For a pre-armed slot's fire at the
- * grace's end: on the CPU its thread's hook last ran on, from
- * TC_PIN_AHEAD_NS before the deadline (an earlier wake-up, returned, to move
- * then: the CPU is fresh, and the move's own scheduling is over well before
- * the deadline).  Once that slot has fired, where it is until the block has
- * claimed the interrupt: when the watchdog fired it, its going to sleep
- * there is what lets the thread back on that CPU.  (Moving off at once was
- * rejected: the delivery then waited scheduler ticks instead of a moment.)
- * The thread itself moves the watchdog off its CPU when it fires
- * its own deadline or raises a fired one (wd_step_aside): a wake-up there
- * -- at the grace's end, or the one the hook's disarm asks for -- would
- * preempt it on its way out, and it would wait a tick behind a busy thread
- * (a block that raised on time then reached its caller late).
- * Otherwise: its own CPU set.  Rejected: the thread moving the sleeping
- * watchdog to its CPU at its first pre-armed line, so that the watchdog
- * never moves itself while it runs -- fewer deadlines landed promptly than
- * with the watchdog moving itself.  Returns when to wake. */
-static tc_slot *g_pin_slot;   /* the watchdog's: the slot it moved for, */
-static int64_t g_pin_fired_at; /* ... and when it first saw it fired */
-
-static int64_t wd_place(wd_event ev, int64_t wake, int64_t now)
-{
-    tc_slot *s = ev.slot;
-    int place = atomic_load(&g_place);
-    if (!accel_on(ACCEL_PLACEMENT))
-        return wake;
-    if (s != NULL && ev.deadline != TC_NEVER && ev.at == ev.deadline + TC_PREARM_GRACE_NS &&
-        atomic_load(&s->prearmed) && atomic_load(&s->state) == SLOT_ARMED) {
-        int64_t pin_at = ev.deadline - TC_PIN_AHEAD_NS;
-        int cpu = atomic_load(&s->cpu);
-        if (now < pin_at)
-            return wake < pin_at ? wake : pin_at;
-        if (cpu >= 0 && cpu != place && os_place(cpu) == 0)
-            STAT_INC(pins);
-        g_pin_slot = s;
-        g_pin_fired_at = 0;
-        return wake;
-    }
-    if (g_pin_slot != NULL && atomic_load(&g_pin_slot->state) == SLOT_INJECTED) {
-        /* fired: where it is until the block has claimed it, and while the
-         * interrupt waits for its thread, asleep there again and again */
-        if (g_pin_fired_at == 0)
-            g_pin_fired_at = now;
-        if (atomic_load(&g_pin_slot->pending_any) && now - g_pin_fired_at < TC_PIN_NUDGE_FOR_NS &&
-            wake > now + TC_PIN_NUDGE_NS)
-            wake = now + TC_PIN_NUDGE_NS;
-        return wake;
-    }
-    g_pin_slot = NULL;
-    g_pin_fired_at = 0;
-    (void)os_place(TC_CPUS_OWN);
-    return wake;
-}
-
-/* A guarded thread that fired its own pre-armed deadline, or is raising a
- * fired one, any lock held: keep the watchdog off its CPU (os_push_away;
- * nothing unless the watchdog waits there). */
-static void wd_step_aside(void)
-{
-    if (accel_on(ACCEL_PLACEMENT))
-        os_push_away((pid_t)atomic_load(&g_wd_tid), sched_getcpu());
-}
-#endif
 
 static void *wd_main(void *arg)
 {
@@ -95,9 +27,9 @@ static void *wd_main(void *arg)
      * refuse it) only costs precision. */
     (void)os_short_slice(TC_WD_SLICE_NS);
 #if TC_FREE_THREADED
-    os_place_init();
+    placement_watchdog_start();
 #endif
-    os_place_start();
+    rescue_watchdog_start();
     atomic_store(&g_wd_tid, (int)syscall(SYS_gettid));
     gs = PyGILState_Ensure();
     ts = PyEval_SaveThread();
@@ -145,11 +77,10 @@ static void *wd_main(void *arg)
             }
             else
                 fast_leave();
-            os_rescue_undo(); /* after a rescue: its own set again (wd_rescue) */
 #if TC_FREE_THREADED
-            wake = wd_place(ev, wake, t0);
+            wake = placement_before_sleep(ev.slot, ev.deadline, ev.at, wake, t0);
 #endif
-            wd_backstop(ev.slot, ev.gen, ev.deadline);
+            rescue_before_sleep(ev.slot, ev.gen, ev.deadline);
             STAT_INC(watchdog_wakeups);
             atomic_store(&g_wd_wake_at, wake);
             (void)futex_wait_until(&g_wd_seq, seen, wake); /* any return: plan again */
@@ -319,9 +250,7 @@ static void wd_forget_after_fork(void)
     atomic_store(&g_wd_seen_at, 0);
     atomic_store(&g_wd_ready, 0);
 #if TC_FREE_THREADED
-    os_place_init(); /* no watchdog to move until the child's starts */
-    g_pin_slot = NULL;
-    g_pin_fired_at = 0;
+    placement_after_fork();
 #endif
     atomic_store(&g_wd_planned, 0);
     atomic_store(&g_urgent_until, 0);

@@ -9,7 +9,7 @@
  *   tc_accel.c            which latency accelerators are on, and why one
  *                         is off
  *   tc_os.c               clock, futex, signal handler, per-thread timers,
- *                         kick, the watchdog's CPU placement and rescue
+ *                         kick
  *   tc_guarded.c          which code a scope guards (wrapper scopes), code
  *                         no interrupt may surface in
  *   tc_deliver.c          safe delivery: the rule, protected code,
@@ -23,6 +23,8 @@
  *   tc_unraisable.c       an interrupt CPython dropped: learn where, resend
  *   tc_watchdog.c         the watchdog's state, schedule and fire-time
  *                         sweep, GIL anticipation
+ *   accel_placement_rescue.c  accelerators placement and rescue: where
+ *                         the watchdog thread runs
  *   tc_fast_window.c      the switch interval lowered while a deadline
  *                         needs the GIL
  *   tc_wd_fire.c          taking the GIL, pre-arm, prepare, the self-fire
@@ -50,6 +52,7 @@
 #include "tc_slot.c"
 #include "tc_unraisable.c"
 #include "tc_watchdog.c"
+#include "accel_placement_rescue.c"
 #include "tc_fast_window.c"
 #include "tc_wd_fire.c"
 #include "tc_wd_main.c"

@@ -90,8 +90,8 @@
  *     read of the GIL's locked/last_holder (tc_gil.c: tc_gil_holder),
  *     timer_settime to re-arm the timer as the backstop, and a wake of the
  *     watchdog (an atomic add and FUTEX_WAKE);
- *   - the watchdog's backstop (tc_watchdog.c: wd_rescue, tc_os.c:
- *     os_rescue): atomic loads, getcpu, a try-lock (an atomic exchange that
+ *   - the watchdog's backstop (accel_placement_rescue.c:
+ *     rescue_on_signal, rescue_move): atomic loads, getcpu, a try-lock (an atomic exchange that
  *     gives up when taken) around sched_getaffinity/sched_setaffinity of
  *     the watchdog thread (it moves it to this CPU), the watchdog's futex
  *     wake, and sched_yield.
