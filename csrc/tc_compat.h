@@ -147,17 +147,34 @@ static inline int tc_handling(PyThreadState *t, PyObject *cls)
     return 0;
 }
 
-/* The thread state whose thread_id is `ident`, in the current thread's
- * interpreter, or NULL.  GIL held (thread states are unlinked only by
- * threads that hold it). */
-static inline PyThreadState *tc_find_tstate(unsigned long ident)
+/* The thread state of thread `ident` in the current thread's interpreter,
+ * or NULL: the one at address `known` (the state the slot's thread had when
+ * its slot was made, only ever compared) if it is still linked, else the
+ * first with that thread_id.  GIL held (thread states are unlinked only by
+ * threads that hold it).
+ * Rule: the address decides when several states carry one thread_id.  On
+ * 3.11 a failed thread start leaves its preallocated state linked at the
+ * head of the list with the thread_id of the thread that tried (it is set at
+ * creation, and only a started thread sets its own): a lookup by thread_id
+ * alone found that dead state first, and the hook went there -- the
+ * thread's deadlines then came only at the block's exit.  Rejected: the
+ * address alone -- a thread without a Python thread of its own
+ * (PyGILState_Ensure/Release per call) gets a new state each time, and its
+ * deadlines would be lost. */
+static inline PyThreadState *tc_find_tstate(unsigned long ident, const void *known)
 {
     PyInterpreterState *interp = PyThreadState_GetInterpreter(PyThreadState_Get());
+    PyThreadState *first = NULL;
     for (PyThreadState *t = PyInterpreterState_ThreadHead(interp); t != NULL;
-         t = PyThreadState_Next(t))
-        if (t->thread_id == ident)
+         t = PyThreadState_Next(t)) {
+        if (t->thread_id != ident)
+            continue;
+        if ((const void *)t == known)
             return t;
-    return NULL;
+        if (first == NULL)
+            first = t;
+    }
+    return first;
 }
 
 /* Attribute `name` of `o`, or NULL without an error if it has none: 1, 0,

@@ -126,7 +126,7 @@ static PyThreadState *slot_tstate(tc_slot *s)
 #if TC_FREE_THREADED
     return s == t_slot ? PyThreadState_Get() : NULL;
 #else
-    return s == t_slot ? PyThreadState_Get() : tc_find_tstate(s->ident);
+    return s == t_slot ? PyThreadState_Get() : slot_find_tstate(s);
 #endif
 }
 
@@ -438,7 +438,7 @@ static void deliver_backstop(tc_slot *s)
     if (s->pending == NULL || !s->hooked)
         return;
 #if TC_HOOK_TRACE
-    PyThreadState *t = tc_find_tstate(s->ident);
+    PyThreadState *t = slot_find_tstate(s);
     if (t == NULL)
         return;
     STAT_INC(backstops);

@@ -403,7 +403,7 @@ static int tstate_ident_agrees(PyThreadState *t, char *why, size_t n)
         return check_fail(why, n, "the thread state's thread_id is not "
                           "PyThread_get_thread_ident()");
 #if !TC_FREE_THREADED /* never walked there (tc_compat.h: tc_find_tstate) */
-    if (tc_find_tstate(ident) != t)
+    if (tc_find_tstate(ident, t) != t)
         return check_fail(why, n, "the thread state is not found by its thread_id");
 #endif
     return 1;

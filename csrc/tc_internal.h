@@ -180,6 +180,10 @@ typedef struct tc_slot {
 #endif
 } tc_slot;
 
+/* The thread state of the slot's thread, or NULL if it is gone (GIL held;
+ * tc_compat.h: tc_find_tstate, never on a free-threaded build). */
+#define slot_find_tstate(s) tc_find_tstate((s)->ident, atomic_load(&(s)->tstate_id))
+
 /* -- Scope: the object behind `with thread_deadline(...)` -------------------- */
 
 enum { SCOPE_NEW = 0, SCOPE_ACTIVE = 1, SCOPE_DONE = 2 };

@@ -319,7 +319,7 @@ static PyObject *mod_raise_in_scope_locked(PyObject *m, PyObject *args)
         atomic_load(&s->shield) > 0 || atomic_load(&s->state) == SLOT_INJECTED)
         Py_RETURN_FALSE; /* not (or no longer) running in a live thread of its own */
 #if !TC_FREE_THREADED /* there: `alive` above is the liveness test (tc_lock.h) */
-    if (tc_find_tstate(s->ident) == NULL)
+    if (slot_find_tstate(s) == NULL)
         Py_RETURN_FALSE; /* its thread is gone (a stale scope) */
 #endif
     sc->soft_pending = 1;

@@ -215,7 +215,7 @@ static void slot_reinject(tc_slot *s, int64_t now)
     if (!atomic_load(&s->alive))
         return;
 #else
-    PyThreadState *t = tc_find_tstate(s->ident);
+    PyThreadState *t = slot_find_tstate(s);
     if (t == NULL || interrupt_in_flight(t))
         return;
 #endif

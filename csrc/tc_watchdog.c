@@ -234,7 +234,7 @@ static int slot_due_now(tc_slot *s, int64_t now)
 /* Drop slot `s`'s scopes whose frame is gone (GIL held, g_mu not held). */
 static void wd_prune_slot(tc_slot *s)
 {
-    PyThreadState *t = tc_find_tstate(s->ident);
+    PyThreadState *t = slot_find_tstate(s);
     if (t != NULL && slot_prune_stale(s, PyThreadState_GetFrame(t)))
         slot_publish(s);
 }

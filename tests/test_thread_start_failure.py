@@ -1,0 +1,86 @@
+"""A thread that could not be started leaves deadlines where they were: on time.
+
+On 3.11 a failed ``Thread.start()`` leaves the new thread's preallocated thread state in the
+interpreter with the thread id of the thread that tried; the core must still find the live
+one. Each case runs in a child process: no thread at all can be started while the stack size
+is out of reach, which must not touch the test process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent("""
+    import json, threading, time
+    from timeoutcore import DeadlineCancelled, DeadlineExceeded, thread_deadline
+
+    def fail_a_thread_start():
+        threading.stack_size(1 << 40)  # no stack that size can be mapped
+        try:
+            threading.Thread(target=print).start()
+        except RuntimeError:
+            return True
+        finally:
+            threading.stack_size(0)
+        return False
+
+    def spin(seconds):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            time.sleep(0.005)
+
+    def stopped_after(make, seconds=30.0):
+        t0 = time.monotonic()
+        try:
+            with make() as scope:
+                if isinstance(scope, tuple):
+                    scope = scope[0]
+                spin(seconds)
+        except (DeadlineExceeded, DeadlineCancelled) as exc:
+            return [type(exc).__name__, time.monotonic() - t0]
+        return ["ran to the end", time.monotonic() - t0]
+
+    class cancelled_soon:
+        def __enter__(self):
+            self.scope = thread_deadline(60).__enter__()
+            threading.Timer(0.1, self.scope.cancel).start()
+            return self.scope
+        def __exit__(self, *exc):
+            return self.scope.__exit__(*exc)
+
+    out = {}
+    with thread_deadline(60):  # the core is running before the failed start too
+        pass
+    out["failed"] = fail_a_thread_start()
+    out["main_deadline"] = stopped_after(lambda: thread_deadline(0.2))
+    out["main_cancel"] = stopped_after(cancelled_soon)
+
+    def worker():
+        out["worker_failed"] = fail_a_thread_start()  # the dead state gets this thread's id
+        out["worker_deadline"] = stopped_after(lambda: thread_deadline(0.2))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("accel", ["all", "none"])
+def test_deadlines_land_on_time_after_a_thread_failed_to_start(accel: str) -> None:
+    env = dict(os.environ, TIMEOUTCORE_ACCEL=accel)
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                          env=env, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["failed"] and out["worker_failed"], out  # the precondition held
+    for case, want in (("main_deadline", "DeadlineExceeded"), ("main_cancel", "DeadlineCancelled"),
+                       ("worker_deadline", "DeadlineExceeded")):
+        kind, took = out[case]
+        # Generous: a loaded machine; a lost delivery shows as the 30 s loop's end instead.
+        assert kind == want and took < 10.0, (case, out[case])
