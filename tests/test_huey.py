@@ -323,3 +323,54 @@ def test_docs_example_runs_with_a_thread_consumer(redis_url: str, tmp_path: Path
     assert client.stdout.splitlines() == [
         "stuck: TaskTimeout('timeout (0.5s)')", "done", "revoked: True"], client.stdout + log
     assert status == 0, log
+
+
+@pytest.mark.once
+def test_a_watcher_that_cannot_start_leaves_tasks_running_and_the_next_task_retries(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The revoke watcher cannot start (no thread can: a stack no memory can hold): the task
+    still runs under its own limit, one warning says revokes wait, and the next task starts
+    the watcher, whose revoke then stops a running task."""
+    import logging
+    import threading
+
+    from huey import MemoryHuey
+
+    from timeoutcore import DeadlineCancelled, thread_deadline
+    from timeoutcore.contrib.huey import _Running
+
+    huey = MemoryHuey(f"tc-watcher-{uuid.uuid4().hex}")
+
+    @huey.task()
+    def job() -> None:
+        pass
+
+    running = _Running(huey, 0.02)
+    threads = threading.active_count()
+    first, second = job.s(), job.s()
+    caplog.set_level(logging.INFO, logger="huey.timeoutcore")
+    threading.stack_size(1 << 40)  # no thread can be started until reset
+    try:
+        with thread_deadline(30) as scope:
+            running.add(scope, first)  # runs on, without a watcher
+            running.remove(scope)
+        assert scope.cancelled() is False
+    finally:
+        threading.stack_size(0)
+    assert running.thread is None and threading.active_count() == threads
+    warned = [r for r in caplog.records if "cannot start the revoke watcher" in r.message]
+    assert len(warned) == 1, caplog.text
+    try:
+        with pytest.raises(DeadlineCancelled) as stopped:
+            with thread_deadline(30) as scope:
+                running.add(scope, second)  # starts the watcher
+                huey.revoke(second)
+                end = time.monotonic() + 20
+                while time.monotonic() < end:
+                    time.sleep(0.01)
+        assert stopped.value.scope is scope
+        assert "revoke watcher started" in caplog.text
+    finally:
+        running.remove(scope)
+        running.stop()
+    assert threading.active_count() == threads

@@ -159,6 +159,7 @@ class _Running:
         self.sleeping = False  # the watcher waits for a task (no timeout)
         self.stopping = False
         self.failing = False  # the storage failed; logged once until it answers again
+        self.start_failed = False  # the watcher could not start; logged once until it does
 
     def add(self, scope: Any, task: Any) -> None:
         if self.interval is None:
@@ -168,9 +169,25 @@ class _Running:
             if self.thread is None or self.pid != os.getpid():  # first task, or forked
                 self.stopping = self.sleeping = False
                 self.pid = os.getpid()
-                self.thread = threading.Thread(target=self._watch, daemon=True,
-                                               name="timeoutcore-huey-revoke")
-                self.thread.start()
+                thread = threading.Thread(target=self._watch, daemon=True,
+                                          name="timeoutcore-huey-revoke")
+                try:
+                    thread.start()
+                except RuntimeError as exc:
+                    # No thread can be started now (a thread or memory limit). Rule: the
+                    # task still runs, under its timeout; only revokes wait, and the next
+                    # task tries again. Rejected: failing the task -- its own limit works
+                    # without the watcher, and huey would retry it into the same limit.
+                    if not self.start_failed:
+                        self.start_failed = True
+                        log.warning("cannot start the revoke watcher (%s); running tasks "
+                                    "cannot be revoked until a thread can be started", exc)
+                    self.thread = None  # (after a fork: the parent's) the next task retries
+                    return
+                if self.start_failed:
+                    self.start_failed = False
+                    log.info("revoke watcher started: running tasks can be revoked again")
+                self.thread = thread
                 _watchers.add(self)
             elif self.sleeping:
                 self.sleeping = False
