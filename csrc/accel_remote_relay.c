@@ -333,7 +333,7 @@ static void remote_relay_apply(tc_slot *s, int64_t now)
             continue;
         }
         sc->deadline = now;
-        Py_CLEAR(sc->prepared); /* for the old deadline */
+        prepare_drop(sc); /* for the old deadline */
     }
     slot_publish(s); /* a new gen in any case: the watchdog plans afresh */
 }

@@ -53,7 +53,6 @@
  *                    tc_deliver.c: prearm_lead (free-threaded: no lead)
  *   sleeping_tracer  tc_hook_trace.c: hook_sleep
  *   direct_delivery  tc_deliver_steps.c: deliver_async, before deliver_direct
- *   prepare          tc_wd_fire.c: wd_prepare
  */
 #ifndef TC_ACCEL_H
 #define TC_ACCEL_H
@@ -146,6 +145,36 @@ static void rescue_arm(struct tc_slot *s, uint64_t gen, int64_t deadline);
  * Async-signal-safe: atomics, getcpu, a try-locked sched_setaffinity of
  * the watchdog, a futex wake, sched_yield. */
 static void rescue_on_signal(struct tc_slot *s);
+
+/* -- prepare (accel_prepare.c) -----------------------------------------------
+ * The DeadlineExceeded of the scope that will fire, built ahead of its
+ * deadline for its exit to take. */
+
+struct Scope;
+
+/* Per scope: the exception built for its current deadline, or NULL
+ * (strong; GIL / core lock). */
+struct prepare_scope {
+    PyObject *exc;
+};
+
+/* Ahead of slot `s`'s `deadline`, GIL held (free-threaded: attached),
+ * holding no lock of ours: the watchdog holding the GIL for it, or the
+ * slot's own thread in the self-fire's pending call.  Runs Python (the
+ * exception's constructor); builds nothing with TC_PREPARE_MIN_LEFT_NS or
+ * less left. */
+static void prepare_before_due(struct tc_slot *s, int64_t deadline);
+
+/* GIL: the scope's exit, which claims its interrupt -- the exception built
+ * for it (a new reference, taken from the scope), or NULL. */
+static PyObject *prepare_take(struct Scope *sc);
+
+/* GIL: the scope's deadline changed, or it left the stack, or the GC
+ * clears it: drop what was built (may run a finalizer). */
+static void prepare_drop(struct Scope *sc);
+
+/* GIL: what was built, borrowed (GC traverse, the `_prepared` view). */
+static PyObject *prepare_peek(struct Scope *sc);
 
 #if TC_FREE_THREADED
 /* The watchdog thread, as it starts, and the fork child (no other thread):

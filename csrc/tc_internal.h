@@ -221,8 +221,7 @@ typedef struct Scope {
     int64_t delivered_at;  /* ns when the interrupt surfaced in the body  */
     int64_t deferred_ns;   /* time its delivery waited for protected code */
     PyObject *deferred_where; /* "file:line in function" that held it     */
-    PyObject *prepared;    /* its DeadlineExceeded, built by the watchdog
-                              ahead of the deadline (wd_prepare), or NULL */
+    struct prepare_scope prepare; /* accelerator prepare's (tc_accel.h)  */
     struct remote_relay_scope relay; /* accelerator remote_relay's:
                               written without the GIL (tc_accel.h)      */
 } Scope;

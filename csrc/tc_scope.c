@@ -164,7 +164,7 @@ static int Scope_traverse(PyObject *self, visitproc visit, void *arg)
     Py_VISIT(as_scope(self)->frame);
     Py_VISIT(as_scope(self)->owner);
     Py_VISIT(as_scope(self)->deferred_where);
-    Py_VISIT(as_scope(self)->prepared);
+    Py_VISIT(prepare_peek(as_scope(self)));
     Py_VISIT(Py_TYPE(self));
     return 0;
 }
@@ -178,7 +178,7 @@ static int Scope_clear(PyObject *self)
     Py_CLEAR(as_scope(self)->frame);
     Py_CLEAR(as_scope(self)->owner);
     Py_CLEAR(as_scope(self)->deferred_where);
-    Py_CLEAR(as_scope(self)->prepared);
+    prepare_drop(as_scope(self));
     return 0;
 }
 
@@ -334,7 +334,7 @@ static int scope_cancelled(PyObject *self)
 /* Build DeadlineExceeded for `self` and set it as the current error. */
 static void raise_exceeded(PyObject *self, int interrupt_was_in_flight, PyObject *exc)
 {
-    /* Prepared by the watchdog (wd_prepare): only its figures are taken again
+    /* Prepared ahead (accelerator prepare): only its figures are taken again
      * (its __init__, as the constructor would), which skips the allocation,
      * and runs code the watchdog has just run -- the exit of a block that
      * spun for a while otherwise finds all of it cold (building the
@@ -439,8 +439,7 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     Py_CLEAR(sc->owner); /* ... and the guarded code's frame is running */
     /* raise_exceeded takes it; any other way out drops it (it holds the scope:
      * a cycle, until then) -- an exception has no finalizer */
-    PyObject *prepared = sc->prepared;
-    sc->prepared = NULL;
+    PyObject *prepared = prepare_take(sc);
     sc->iframe = NULL;
     if (atomic_load(&s->prearmed) && s->pending == NULL) {
         /* ended before its deadline, or before the thread fired it: what

@@ -42,7 +42,7 @@ static PyObject *Scope_reschedule_locked(PyObject *self, PyObject *when)
         return NULL;
     }
     sc->deadline = d;
-    Py_CLEAR(sc->prepared); /* for the old deadline (or before a cancel) */
+    prepare_drop(sc); /* for the old deadline (or before a cancel) */
     if (sc->state == SCOPE_NEW) {
         sc->has_deadline_arg = 1;
         sc->seconds = NAN;
@@ -161,7 +161,7 @@ TC_LOCKED_2(PyObject *, Scope_get_deferred_where, PyObject *, void *)
 static PyObject *Scope_get_prepared_locked(PyObject *self, void *c)
 {
     (void)c;
-    return ref_or_none(as_scope(self)->prepared);
+    return ref_or_none(prepare_peek(as_scope(self)));
 }
 TC_LOCKED_2(PyObject *, Scope_get_prepared, PyObject *, void *)
 

@@ -80,7 +80,7 @@ static void scope_forget(Scope *sc)
         sc->exited = now_ns();
     Py_CLEAR(sc->frame); /* the stack still holds a reference: no finalizer */
     Py_CLEAR(sc->owner);
-    Py_CLEAR(sc->prepared); /* it holds the scope: a cycle, else */
+    prepare_drop(sc); /* it holds the scope: a cycle, else */
     sc->iframe = NULL;
 }
 

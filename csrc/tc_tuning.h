@@ -175,7 +175,8 @@
 /* -- prepare -------------------------------------------------------------------- */
 
 /* The self-fire asks the thread to build its exception this long before
- * the deadline (wd_prepare in the thread), so that it is ready when due.
+ * the deadline (prepare_before_due in the thread), so that it is ready
+ * when due.
  * Bench: bench_contention.py test_contention_overshoot (3.12+). */
 #define TC_WATCH_PREPARE_NS 450000LL        /* 450 us                        */
 /* The watchdog prepares the exception only if at least this long is left:

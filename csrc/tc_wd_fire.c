@@ -1,15 +1,15 @@
 /*
  * tc_wd_fire.c -- what the watchdog does ahead of and at a deadline: take
- * the GIL (gil_busy, gil_take), pre-arm the hook (accelerator prearm), build
- * the exception ahead (accelerator prepare), and the self-fire's watch of a
+ * the GIL (gil_busy, gil_take), pre-arm the hook (accelerator prearm), and
+ * the self-fire's watch of a
  * thread that holds the GIL (accelerator self_fire, TC_SELF_FIRE).  Part of
  * the unity build (timeoutcore.c), after tc_fast_window.c.
  *
  * Who calls what: all of it runs in the watchdog thread, from wd_main
  * (tc_wd_main.c), holding no lock of ours: gil_take without the GIL (it
  * returns holding it), wd_watch without it (it looks at the GIL's holder and
- * queues a pending call, tc_deliver_steps.c: pc_fire), wd_prearm and
- * wd_prepare with it (or attached, free-threaded).  slot_self_prearm (3.11)
+ * queues a pending call, tc_deliver_steps.c: pc_fire), wd_prearm with it (or
+ * attached, free-threaded).  slot_self_prearm (3.11)
  * runs in the guarded thread at its scope's entry, GIL held.  pc_prepare
  * runs as a pending call in whichever thread checks its eval breaker.
  * Nothing here runs in a signal handler.
@@ -125,50 +125,6 @@ static void slot_self_prearm(tc_slot *s, int64_t now)
 
 #endif
 
-/* Ahead of slot `s`'s `deadline`, if TC_PREPARE_MIN_LEFT_NS is left (GIL
- * held / attached, holding no lock of ours): build the DeadlineExceeded of
- * the scope that will fire, for its exit to take (tc_scope.c: raise_exceeded).  Building runs Python (the
- * exception's constructor), so the slot is checked again after: if its
- * stack changed meanwhile (an exit, a reschedule or cancel) the exception
- * is dropped.  Costs the watchdog one construction per deadline it
- * prepares; a scope that ends in time drops it at its exit. */
-static void wd_prepare(tc_slot *s, int64_t deadline)
-{
-    PyObject *sc = NULL, *exc;
-    uint64_t gen = 0;
-    if (g_exceeded == NULL || !accel_on(ACCEL_PREPARE) || deadline - now_ns() <= TC_PREPARE_MIN_LEFT_NS)
-        return; /* building it could outlast the time left */
-    {
-        TC_CORE_BEGIN();
-        if (s->alive && atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->shield) == 0) {
-            gen = atomic_load(&s->gen);
-            sc = stack_due(s->top, atomic_load(&s->deadline));
-            if (sc != NULL && as_scope(sc)->prepared == NULL)
-                Py_INCREF(sc);
-            else
-                sc = NULL;
-        }
-        TC_CORE_END();
-    }
-    if (sc == NULL)
-        return;
-    exc = PyObject_CallOneArg(g_exceeded, sc);
-    if (exc == NULL)
-        PyErr_Clear();
-    {
-        TC_CORE_BEGIN();
-        if (exc != NULL && s->alive && atomic_load(&s->gen) == gen &&
-            as_scope(sc)->state == SCOPE_ACTIVE && as_scope(sc)->prepared == NULL) {
-            as_scope(sc)->prepared = exc;
-            exc = NULL;
-            STAT_INC(prepared);
-        }
-        TC_CORE_END();
-    }
-    Py_XDECREF(exc);
-    Py_DECREF(sc);
-}
-
 #if TC_SELF_FIRE
 /* -- The self-fire (3.12+ with a GIL) ------------------------------------------
  * Finding: in a pool of CPU-bound workers a task's deadline mostly comes
@@ -181,7 +137,7 @@ static void wd_prepare(tc_slot *s, int64_t deadline)
  * test_cpu_pool_under_deadlines).  So while the slot's thread holds the GIL ahead of its deadline,
  * the watchdog does not ask for the GIL at all.  It looks at the GIL's
  * holder (tc_gil.c) TC_WATCH_PREPARE_NS ahead, where it asks the thread to
- * build its exception (pc_prepare, below: wd_prepare in the thread itself),
+ * build its exception (pc_prepare, below: the prepare hook in the thread itself),
  * and TC_WATCH_SPIN_NS ahead, spins from there, and at the deadline
  * queues pc_fire (tc_deliver_steps.c), which the thread runs at its next breaker
  * check and which raises at its next back-edge: the GIL never changes
@@ -198,7 +154,7 @@ static int pc_prepare(void *arg)
     tc_slot *s = (tc_slot *)arg;
     if (s == t_slot && atomic_load(&s->state) == SLOT_ARMED) {
         slot_note_cpu(s); /* for wd_watch's spin, which it precedes (prep_at) */
-        wd_prepare(s, atomic_load(&s->deadline));
+        prepare_before_due(s, atomic_load(&s->deadline));
     }
     return 0;
 }

@@ -103,7 +103,7 @@ static void *wd_main(void *arg)
         /* The GIL came at once (within a fast interval or two: at most the
          * guarded thread was queued for it).  Only then, and with
          * TC_PREPARE_MIN_LEFT_NS to spare, does the watchdog prepare the
-         * exception (wd_prepare): that runs Python, which gives the GIL away
+         * exception (prepare_before_due): that runs Python, which gives the GIL away
          * when a waiter has waited a whole interval -- in a crowded process
          * the watchdog would then queue for it again behind every other
          * thread; here at most the guarded thread runs meanwhile, before its
@@ -133,7 +133,7 @@ static void *wd_main(void *arg)
 #endif
             if (may_prearm && wd_prearm(ev.slot, ev.gen)) {
                 if (quiet)
-                    wd_prepare(ev.slot, ev.deadline);
+                    prepare_before_due(ev.slot, ev.deadline);
                 refresh_switch_interval();
                 ts = PyEval_SaveThread();
                 continue;
@@ -162,7 +162,7 @@ static void *wd_main(void *arg)
             if (atomic_load(&ev.slot->gen) == ev.gen) {
                 STAT_INC(gil_holds);
                 if (quiet)
-                    wd_prepare(ev.slot, ev.deadline);
+                    prepare_before_due(ev.slot, ev.deadline);
                 sleep_until(ev.deadline);
             }
         }

@@ -27,7 +27,8 @@
  *                         the watchdog thread runs
  *   tc_fast_window.c      the switch interval lowered while a deadline
  *                         needs the GIL
- *   tc_wd_fire.c          taking the GIL, pre-arm, prepare, the self-fire
+ *   tc_wd_fire.c          taking the GIL, pre-arm, the self-fire
+ *   accel_prepare.c       accelerator prepare: the exception built ahead
  *   tc_wd_main.c          the watchdog's loop, placement, start and stop
  *   accel_remote_relay.c  accelerator remote_relay: remote cancels read
  *                         off the registry's control channel
@@ -55,6 +56,7 @@
 #include "accel_placement_rescue.c"
 #include "tc_fast_window.c"
 #include "tc_wd_fire.c"
+#include "accel_prepare.c"
 #include "tc_wd_main.c"
 #include "accel_remote_relay.c"
 #include "tc_scope.c"

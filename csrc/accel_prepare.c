@@ -1,0 +1,70 @@
+/*
+ * accel_prepare.c -- accelerator prepare: the scope's DeadlineExceeded
+ * built ahead of its deadline, by the watchdog while it holds the GIL for
+ * the slot anyway (or, with the self-fire, by the thread itself in a
+ * pending call), so that the exit that claims the interrupt finds it built
+ * and warm (tc_scope.c: raise_exceeded).  Its hooks: tc_accel.h.  Part of
+ * the unity build (timeoutcore.c).
+ *
+ * State: per scope only (struct prepare_scope, Scope.prepare): the
+ * exception, a strong reference -- it holds the scope, so the scope's GC
+ * traverse and clear go through prepare_peek and prepare_drop.  Written and
+ * read with the GIL (free-threaded: the core lock).  Whoever changes a
+ * scope's deadline drops it (prepare_drop): it was built for the old one.
+ * Off, nothing is built, and the exit builds the exception as it would.
+ */
+
+/* Ahead of slot `s`'s `deadline`, if TC_PREPARE_MIN_LEFT_NS is left (GIL
+ * held / attached, holding no lock of ours): build the DeadlineExceeded of
+ * the scope that will fire, for its exit to take (prepare_take).  Building runs Python (the
+ * exception's constructor), so the slot is checked again after: if its
+ * stack changed meanwhile (an exit, a reschedule or cancel) the exception
+ * is dropped.  Costs the watchdog one construction per deadline it
+ * prepares; a scope that ends in time drops it at its exit. */
+static void prepare_before_due(tc_slot *s, int64_t deadline)
+{
+    PyObject *sc = NULL, *exc;
+    uint64_t gen = 0;
+    if (g_exceeded == NULL || !accel_on(ACCEL_PREPARE) || deadline - now_ns() <= TC_PREPARE_MIN_LEFT_NS)
+        return; /* building it could outlast the time left */
+    {
+        TC_CORE_BEGIN();
+        if (s->alive && atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->shield) == 0) {
+            gen = atomic_load(&s->gen);
+            sc = stack_due(s->top, atomic_load(&s->deadline));
+            if (sc != NULL && as_scope(sc)->prepare.exc == NULL)
+                Py_INCREF(sc);
+            else
+                sc = NULL;
+        }
+        TC_CORE_END();
+    }
+    if (sc == NULL)
+        return;
+    exc = PyObject_CallOneArg(g_exceeded, sc);
+    if (exc == NULL)
+        PyErr_Clear();
+    {
+        TC_CORE_BEGIN();
+        if (exc != NULL && s->alive && atomic_load(&s->gen) == gen &&
+            as_scope(sc)->state == SCOPE_ACTIVE && as_scope(sc)->prepare.exc == NULL) {
+            as_scope(sc)->prepare.exc = exc;
+            exc = NULL;
+            STAT_INC(prepared);
+        }
+        TC_CORE_END();
+    }
+    Py_XDECREF(exc);
+    Py_DECREF(sc);
+}
+
+static PyObject *prepare_take(Scope *sc)
+{
+    PyObject *exc = sc->prepare.exc;
+    sc->prepare.exc = NULL;
+    return exc;
+}
+
+static void prepare_drop(Scope *sc) { Py_CLEAR(sc->prepare.exc); }
+
+static PyObject *prepare_peek(Scope *sc) { return sc->prepare.exc; }
