@@ -52,7 +52,6 @@
  *   prearm           tc_wd_fire.c: wd_prearm, slot_self_prearm;
  *                    tc_deliver.c: prearm_lead (free-threaded: no lead)
  *   sleeping_tracer  tc_hook_trace.c: hook_sleep
- *   direct_delivery  tc_deliver_steps.c: deliver_async, before deliver_direct
  */
 #ifndef TC_ACCEL_H
 #define TC_ACCEL_H
@@ -145,6 +144,18 @@ static void rescue_arm(struct tc_slot *s, uint64_t gen, int64_t deadline);
  * Async-signal-safe: atomics, getcpu, a try-locked sched_setaffinity of
  * the watchdog, a futex wake, sched_yield. */
 static void rescue_on_signal(struct tc_slot *s);
+
+/* -- direct_delivery (accel_direct_delivery.c) -------------------------------
+ * 3.11 and 3.12: an interrupt for a thread paused at a loop's back-edge,
+ * sent as an asynchronous exception with no delivery hook armed. */
+
+/* deliver_async, first, GIL held, in the deliverer (the watchdog, a
+ * cancelling thread), the slot's thread `t` paused: send `exc` for `scope`
+ * that way if it is the hard interrupt and the paused thread's place is a
+ * safe one.  1 if sent (the core's delivery is then done), 0 if the core
+ * delivers as usual. */
+static int direct_delivery_try(struct tc_slot *s, PyThreadState *t, PyObject *exc,
+                               PyObject *scope);
 
 /* -- prepare (accel_prepare.c) -----------------------------------------------
  * The DeadlineExceeded of the scope that will fire, built ahead of its

@@ -1,17 +1,17 @@
 /*
  * tc_deliver_steps.c -- the delivery steps over either hook: the decision at
- * a line boundary (deliver_here), direct delivery at a paused thread's
- * back-edge (accelerator direct_delivery, TC_DIRECT_BACK_EDGE), the
- * self-fire's pending call (accelerator self_fire, TC_SELF_FIRE), and the
- * one entry every deliverer uses -- deliver_async -- with its backstop and
- * its withdrawal (deliver_cancel).  Part of the unity build (timeoutcore.c),
- * after the hooks (tc_hook_trace.c, tc_hook_monitoring.c).
+ * a line boundary (deliver_here), the self-fire's pending call (accelerator
+ * self_fire, TC_SELF_FIRE), and the one entry every deliverer uses --
+ * deliver_async, which asks direct delivery first (direct_delivery_try) --
+ * with its backstop and its withdrawal (deliver_cancel).  Part of the unity
+ * build (timeoutcore.c), after the hooks (tc_hook_trace.c,
+ * tc_hook_monitoring.c) and accel_direct_delivery.c.
  *
  * Who calls what, all with the GIL (free-threaded: inside the core lock):
  * deliver_here and deliver_pending_here in the guarded thread, from the
  * hook; pc_fire in whichever thread next checks its eval breaker (it acts
- * only in the slot's own thread); deliver_async, deliver_direct and
- * deliver_backstop in the deliverer (the watchdog, a cancelling thread,
+ * only in the slot's own thread); deliver_async and deliver_backstop in the
+ * deliverer (the watchdog, a cancelling thread,
  * _raise_in_scope's caller) while the slot's thread is paused;
  * deliver_cancel from the scope's exit, a shield, or a cancel from any
  * thread.  Nothing here is async-signal-safe or called from the handler.
@@ -130,59 +130,6 @@ static PyThreadState *slot_tstate(tc_slot *s)
 #endif
 }
 
-#if TC_DIRECT_BACK_EDGE
-/* -- Direct delivery at a back-edge (3.11, 3.12) --------------------------------
- * Why: the hook costs every thread while it is armed on 3.12 (its events are
- * interpreter-wide), and in a busy pool the fired thread may wait for the
- * GIL with the events on all that time -- the largest part of what frequent
- * deadlines cost a pool there.  But a thread that is paused at a loop's back-edge -- the
- * usual place for a CPU loop that was asked to let the GIL go -- will meet a
- * pending asynchronous exception first thing when it has the GIL back, at
- * that very instruction (tc_compat.h: tc_back_edge_in_loop).  So the place
- * where it will surface is known now, and the safe-delivery checks can be
- * made from here, on a stack that cannot change: the thread is paused and we
- * hold the GIL.  If they pass, the interrupt goes by
- * PyThreadState_SetAsyncExc and no hook is armed.
- *
- * Race analysis.  Writers of the thread's async_exc: this function and
- * deliver_cancel (the scope's exit, a shield, a cancel from any thread),
- * both with the GIL; CPython's own SetAsyncExc callers likewise.  The thread
- * reads it only with the GIL, in _Py_HandlePending after it took the GIL
- * back.  Between the checks below and the store it cannot run (we hold the
- * GIL), so it resumes at the instruction judged.  Exceptions to "first
- * thing": a thread paused elsewhere in _Py_HandlePending -- in a Python
- * signal handler (main thread only: excluded), in a pending call (main
- * thread only on 3.11-3.12), or in a garbage collection whose C finalizer
- * let the GIL go (a collection running: excluded), which could run Python
- * finalizers before the check.  A thread paused at JUMP_BACKWARD cannot be
- * anywhere else: that instruction calls nothing but the breaker's handling.
- * The exit that claims the interrupt (slot_claim) takes an unconsumed one
- * back, as for the fallback without a hook (async_pending).  GIL held, any
- * thread but the slot's own; returns 1 if sent. */
-static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
-{
-    PyFrameObject *f;
-    int ok;
-    if (s == t_slot || t == NULL || s->pending != NULL || s->async_pending ||
-        s->ident == tc_main_thread() || tc_gc_collecting() || interrupt_in_flight(t))
-        return 0;
-    if ((f = PyThreadState_GetFrame(t)) == NULL)
-        return 0;
-    ok = tc_back_edge_in_loop(f);
-    if (ok) {
-        Py_INCREF(f); /* stack_protected consumes one */
-        ok = !stack_protected(f, scope != NULL ? as_scope(scope) : NULL, NULL);
-    }
-    Py_DECREF(f);
-    if (!ok || PyThreadState_SetAsyncExc(s->ident, g_interrupt) != 1)
-        return 0;
-    s->async_pending = 1;
-    hook_disarm(s, t); /* armed ahead (pre-armed): nothing left for it */
-    STAT_INC(direct_raises);
-    return 1;
-}
-#endif
-
 #if TC_SELF_FIRE
 /* -- The self-fire: a pending call at the thread's own breaker check (3.12+) --
  * A thread that holds the GIL at its deadline fires it itself (tc_wd_fire.c:
@@ -190,8 +137,8 @@ static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
  * whichever thread next checks its eval breaker runs it, with the GIL.  In
  * any thread but the slot's own it does nothing.  In the slot's own thread,
  * with the deadline due: at a loop's back-edge outside protected code
- * (tc_compat.h: tc_breaker_back_edge; the stack as deliver_direct judges
- * it), it fires and returns -1, so that the interrupt surfaces at that very
+ * (tc_compat.h: tc_breaker_back_edge; the stack as direct delivery
+ * judges it), it fires and returns -1, so that the interrupt surfaces at that very
  * instruction; at any other check (a call that just returned, a function's
  * RESUME) it queues itself again for the next one -- the same check runs it
  * again at once, up to CPython's per-check limit, which the remembered place
@@ -361,10 +308,8 @@ static int pc_fire(void *arg)
 static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
 {
     PyThreadState *t = slot_tstate(s);
-#if TC_DIRECT_BACK_EDGE
-    if (exc == g_interrupt && accel_on(ACCEL_DIRECT_DELIVERY) && deliver_direct(s, t, scope))
+    if (direct_delivery_try(s, t, exc, scope)) /* accelerator direct_delivery */
         return 1;
-#endif
 #if TC_FREE_THREADED
     if (s != t_slot && !atomic_load(&s->alive))
         return 0;

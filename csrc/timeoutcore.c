@@ -17,8 +17,10 @@
  *   tc_hook_trace.c       the hook on 3.11: a per-thread tracer, asleep
  *                         until the deadline when pre-armed
  *   tc_hook_monitoring.c  the hook on 3.12+: a sys.monitoring tool
- *   tc_deliver_steps.c    the decision at a line boundary, direct delivery,
- *                         the self-fire's pending call, deliver_async
+ *   accel_direct_delivery.c  accelerator direct_delivery: an interrupt
+ *                         sent at a paused thread's back-edge, no hook
+ *   tc_deliver_steps.c    the decision at a line boundary, the self-fire's
+ *                         pending call, deliver_async
  *   tc_slot.c             slots, scope stacks, the delivery state machine
  *   tc_unraisable.c       an interrupt CPython dropped: learn where, resend
  *   tc_watchdog.c         the watchdog's state, schedule and fire-time
@@ -49,6 +51,7 @@
 #include "tc_deliver.c"
 #include "tc_hook_trace.c"
 #include "tc_hook_monitoring.c"
+#include "accel_direct_delivery.c"
 #include "tc_deliver_steps.c"
 #include "tc_slot.c"
 #include "tc_unraisable.c"
