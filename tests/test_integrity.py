@@ -70,6 +70,13 @@ def test_hammer_breaks_nothing(switch: str | None, seed: int) -> None:
             assert counts["fired"] > 0, result
             assert counts["at_exit"] <= max(5, 0.1 * counts["fired"]), result
         return
+    if switch is None and not timeoutcore.accelerators()["anticipation"]:
+        # The same without the GIL anticipation (TIMEOUTCORE_ACCEL): the watchdog asks for
+        # the GIL only at the deadline, behind 4 busy workers and a 5 ms switch interval, so
+        # it may fire none of these sub-millisecond deadlines before their blocks end; their
+        # exits expire them. The short switch interval is where the hook is judged then.
+        assert counts["fired"] + counts["expired_at_exit"] > 0, result
+        return
     assert counts["fired"] > 0, result
     # Most fired deadlines land inside the body (a broken hook: none do); the deadlines
     # nobody fired before the exit, which the exit itself expires, are counted apart
