@@ -1,4 +1,4 @@
-"""The fast window (csrc/tc_fast_window.c): the switch interval lowered while a deadline is
+"""The fast window (csrc/tc_accel.h: tc_switch_setup): the switch interval lowered while a deadline is
 due and the user's own value put back after; and a thread woken by its fd taking the GIL
 back within it. Reads the interval CPython reports and the window's counters; skipped where
 it is off."""

@@ -1,4 +1,4 @@
-"""The prepared exception (csrc/tc_wd_fire.c: wd_prepare): ahead of a deadline the watchdog
+"""The prepared exception (csrc/tc_accel.h: wd_prepare): ahead of a deadline the watchdog
 builds the scope's DeadlineExceeded; the exit takes its figures again, and a reschedule or a
 cancel drops it. Reads the scope's ``_prepared`` and the counter; skipped where it is off."""
 

@@ -1,4 +1,4 @@
-"""The remote-cancel relay (csrc: the remote_relay accelerator; _wait_readable): cancels
+"""The remote-cancel relay (csrc/tc_accel.h: _wait_readable, remote_peek): cancels
 read off the registry's control socket without the GIL.
 
 The Redis registry's subscriber waits on its socket with ``_wait_readable(fd, t, True)``;

@@ -1,4 +1,4 @@
-"""The rescue (csrc/tc_os.c: timer_backstop, tc_watchdog.c: wd_rescue): a watchdog starved
+"""The rescue (csrc/tc_accel.h: timer_backstop, wd_rescue): a watchdog starved
 of its CPU is moved to the guarded thread's by that thread's backstop timer. Reads its
 counter; skipped where it is off."""
 

@@ -1,4 +1,4 @@
-"""The self-fire (csrc/tc_wd_fire.c, tc_deliver_steps.c: pc_fire; 3.12+ with a GIL): a
+"""The self-fire (csrc/tc_accel.h: wd_watch, pc_fire; 3.12+ with a GIL): a
 thread that holds the GIL at its deadline fires it itself through a pending call, and one
 off the GIL is left to fire it once back. Reads its counters; skipped where it is off
 (where it is supported at all, 3.12+ with a GIL, 3.11 runs pending calls in the main thread

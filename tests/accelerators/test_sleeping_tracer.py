@@ -1,4 +1,4 @@
-"""3.11's sleeping tracer (csrc/tc_hook_trace.c: hook_sleep): the tracer a pre-arm puts in
+"""3.11's sleeping tracer (csrc/tc_accel.h: hook_sleep): the tracer a pre-arm puts in
 place sleeps until the deadline, when the thread's own timer signal wakes it. Reads its
 counters; skipped where it is off (it exists on 3.11 only)."""
 
