@@ -48,7 +48,6 @@
  *                    requeue and no holding the GIL up to it either)
  *   fast_window      tc_compat.h: tc_switch_setup (no interval address: the
  *                    window, the exit linger and urgent takes do nothing)
- *   self_fire        tc_wd_main.c: wd_main, before wd_watch
  *   prearm           tc_wd_fire.c: wd_prearm, slot_self_prearm;
  *                    tc_deliver.c: prearm_lead (free-threaded: no lead)
  *   sleeping_tracer  tc_hook_trace.c: hook_sleep
@@ -156,6 +155,50 @@ static void rescue_on_signal(struct tc_slot *s);
  * delivers as usual. */
 static int direct_delivery_try(struct tc_slot *s, PyThreadState *t, PyObject *exc,
                                PyObject *scope);
+
+/* -- self_fire (accel_self_fire.c) -------------------------------------------
+ * 3.12+ with a GIL: a thread that holds the GIL at its deadline fires it
+ * itself, in a pending call at its own breaker check; the watchdog watches
+ * it without asking for the GIL. */
+
+/* Per slot.  The watch's fields: the watchdog only (no GIL), watch_at and
+ * watch_gen read by the planner too (self_fire_look_at); the call's: the
+ * slot's thread, GIL held. */
+struct self_fire_slot {
+    _Atomic int pc_queued;       /* pc_fire is queued for it: set by the
+                                    watchdog (no GIL), cleared by pc_fire  */
+    _Atomic int64_t watch_at;    /* watched: when to look again (0: not);
+                                    valid for ...                         */
+    _Atomic uint64_t watch_gen;  /* ... this gen                          */
+    uint64_t prepare_gen;        /* gen it asked to prepare for           */
+    uint64_t kick_gen;           /* gen it kicked while watched           */
+    uint64_t back_gen;           /* gen it kicked off the GIL, due        */
+    uint64_t free_gen;           /* gen it saw the GIL free for ...       */
+    int64_t free_since;          /* ... first at this time (0 gen: none)  */
+    const void *pc_frame;        /* GIL: where pc_fire last declined      */
+    int pc_lasti;
+    uint64_t pc_gen;             /* GIL: the gen its declines count for   */
+    int pc_declines;             /* GIL: checks that were no usable
+                                    back-edge, for that gen               */
+    int pc_waiting;              /* GIL: pc_frame is a usable place where
+                                    it waits (protected code, the
+                                    collector): no count there            */
+    int64_t pc_since;            /* GIL: when it first ran at pc_frame    */
+};
+
+/* The watchdog, no GIL, at slot `s`'s event for its deadline of
+ * generation `gen`, before it takes the GIL: 1 if the self-fire watches
+ * the slot (its thread holds the GIL, or will be fired from the GIL's
+ * holder) -- the watchdog plans again; 0: it acts the usual way. */
+static int self_fire_watch(struct tc_slot *s, uint64_t gen, int64_t deadline);
+
+/* The planner, no GIL, g_mu held; atomics only: when the watch looks at
+ * slot `s` next (0: not watched for its current generation). */
+static int64_t self_fire_look_at(struct tc_slot *s);
+
+/* The fork child (only the forking thread exists): the parent's watch and
+ * queued calls are gone. */
+static void self_fire_atfork_child(void);
 
 /* -- prepare (accel_prepare.c) -----------------------------------------------
  * The DeadlineExceeded of the scope that will fire, built ahead of its

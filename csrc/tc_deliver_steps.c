@@ -1,7 +1,6 @@
 /*
  * tc_deliver_steps.c -- the delivery steps over either hook: the decision at
- * a line boundary (deliver_here), the self-fire's pending call (accelerator
- * self_fire, TC_SELF_FIRE), and the one entry every deliverer uses --
+ * a line boundary (deliver_here) and the one entry every deliverer uses --
  * deliver_async, which asks direct delivery first (direct_delivery_try) --
  * with its backstop and its withdrawal (deliver_cancel).  Part of the unity
  * build (timeoutcore.c), after the hooks (tc_hook_trace.c,
@@ -9,8 +8,7 @@
  *
  * Who calls what, all with the GIL (free-threaded: inside the core lock):
  * deliver_here and deliver_pending_here in the guarded thread, from the
- * hook; pc_fire in whichever thread next checks its eval breaker (it acts
- * only in the slot's own thread); deliver_async and deliver_backstop in the
+ * hook; deliver_async and deliver_backstop in the
  * deliverer (the watchdog, a cancelling thread,
  * _raise_in_scope's caller) while the slot's thread is paused;
  * deliver_cancel from the scope's exit, a shield, or a cancel from any
@@ -129,178 +127,6 @@ static PyThreadState *slot_tstate(tc_slot *s)
     return s == t_slot ? PyThreadState_Get() : slot_find_tstate(s);
 #endif
 }
-
-#if TC_SELF_FIRE
-/* -- The self-fire: a pending call at the thread's own breaker check (3.12+) --
- * A thread that holds the GIL at its deadline fires it itself (tc_wd_fire.c:
- * wd_watch): the watchdog queues this call (tc_gil.c: tc_add_pending), and
- * whichever thread next checks its eval breaker runs it, with the GIL.  In
- * any thread but the slot's own it does nothing.  In the slot's own thread,
- * with the deadline due: at a loop's back-edge outside protected code
- * (tc_compat.h: tc_breaker_back_edge; the stack as direct delivery
- * judges it), it fires and returns -1, so that the interrupt surfaces at that very
- * instruction; at any other check (a call that just returned, a function's
- * RESUME) it queues itself again for the next one -- the same check runs it
- * again at once, up to CPython's per-check limit, which the remembered place
- * makes cheap.  Inside protected code, or while the collector runs (it may
- * run finalizers in this very check, after this call), it waits that way as
- * long as it takes (recording a deferral as the hook does); elsewhere, after
- * TC_PC_MAX_DECLINES checks none of which was a usable back-edge (code
- * without loops), it fires for the hook, which raises at the next line
- * boundary.
- *
- * Race analysis.  Everything here runs with the GIL, in the slot's own
- * thread; the watchdog, without the GIL, only sets pc_queued and queues the
- * call, one at a time (pc_fire below; a call that finds nothing due or
- * fires nothing more is harmless anyway).  A call that runs after the scope
- * ended, or in another thread, finds the slot not ARMED, or not its own,
- * and only clears pc_queued (in another thread it may fire a remote cancel:
- * pc_fire_for); the watchdog queues again while the thread holds the GIL,
- * and otherwise fires the usual way (it then holds the GIL: the states move
- * under it).  Slots are never freed, so `arg` stays valid. */
-static PyObject *stack_due(PyObject *top, int64_t now); /* tc_slot.c */
-#if TC_TRACK_FRAMES
-static int slot_prune_stale(tc_slot *s, PyFrameObject *cur); /* tc_slot.c */
-static void slot_publish(tc_slot *s);                       /* tc_slot.c */
-#endif
-
-/* pc_fire in a thread other than the slot's: if the slot is due -- a cancel
- * off the control channel (tc_wd_fire.c: wd_watch queued the call for the
- * GIL's holder), or its own deadline, passed while its thread was the
- * holder -- fire it from here, as the watchdog's sweep would with the GIL
- * (Scope.reschedule does the same from the thread that cancels): the
- * interrupt goes to the slot's thread by the usual delivery, to surface at
- * a safe point there; nothing is raised in this thread.
- * Why the deadline too: the slot's thread declines the call at checks that
- * are no usable back-edge (a C call's return) and queues it again; when it
- * then lets the GIL go, the thread that takes it runs the call.  Doing
- * nothing here dropped the fire (the call is the only one queued, and the
- * watchdog, having queued it, looks again only later): a block whose C call
- * outlived its deadline next to one busy thread ran on to its exit (issue
- * 36, item 1).  Not yet due (a deadline moved later meanwhile): nothing. */
-#if TC_TRACK_FRAMES
-static void wd_prune_slot(tc_slot *s); /* tc_watchdog.c */
-#endif
-static void pc_fire_for(tc_slot *s)
-{
-    int64_t now = now_ns();
-    if (!s->alive || atomic_load(&s->state) != SLOT_ARMED || atomic_load(&s->shield) > 0 ||
-        s->pending != NULL ||
-        (remote_relay_marked_at(s) == TC_NEVER && atomic_load(&s->deadline) > now))
-        return;
-#if TC_TRACK_FRAMES
-    wd_prune_slot(s); /* the sweep's first step (3.13) */
-#endif
-    int remote = remote_relay_marked_at(s) != TC_NEVER;
-    if (slot_fire(s, now, 0)) {
-        if (remote)
-            STAT_INC(remote_relays);
-        else
-            STAT_INC(due_relays);
-    }
-}
-
-/* The self-fire gives up on this deadline: fired for the hook, which raises
- * at the next line boundary (or the loop's head).  Returns 0 for pc_fire. */
-static int pc_to_hook(tc_slot *s, int64_t now)
-{
-    s->pc_frame = NULL;
-    (void)slot_fire(s, now, 0);
-    return 0;
-}
-
-static int pc_fire_here(tc_slot *s, int *again)
-{
-    PyFrameObject *cur;
-    PyObject *due;
-    int64_t now;
-    if (s != t_slot) {
-        pc_fire_for(s);
-        return 0;
-    }
-    if (atomic_load(&s->state) != SLOT_ARMED || atomic_load(&s->shield) > 0 ||
-        s->pending != NULL || (cur = PyEval_GetFrame()) == NULL)
-        return 0;
-    remote_relay_apply(s, now_ns()); /* a cancel off the control channel: due now */
-    if (s->pc_gen != atomic_load(&s->gen)) { /* a new deadline: count afresh */
-        s->pc_gen = atomic_load(&s->gen);
-        s->pc_frame = NULL;
-        s->pc_declines = 0;
-    }
-    if ((const void *)cur != s->pc_frame || PyFrame_GetLasti(cur) != s->pc_lasti) {
-        int usable = 0, back;
-#if TC_TRACK_FRAMES
-        Py_INCREF(cur); /* consumed */
-        if (slot_prune_stale(s, cur))
-            slot_publish(s);
-#endif
-        now = now_ns();
-        if ((due = stack_due(s->top, now)) == NULL)
-            return 0;
-        if (tc_gc_collecting())
-            usable = 1; /* a finalizer the collector runs (deliver_here): wait, uncounted */
-        else if ((back = tc_breaker_back_edge(cur)) < 0) {
-            /* A loop's back-edge whose raise would not land in the loop's
-             * handler: this loop's check never becomes usable.  The hook
-             * now (it raises at the loop's head), not after the declines:
-             * its back-edge and its calls' checks take turns, each
-             * resetting the wait. */
-            STAT_INC(pending_handovers);
-            return pc_to_hook(s, now);
-        }
-        else if (back > 0 && !interrupt_in_flight(PyThreadState_Get())) {
-            usable = 1;
-            Py_INCREF(cur); /* consumed */
-            if (!stack_defers(s, cur, due, now)) {
-                int64_t deferred = s->deferred_since != 0 ? now - s->deferred_since : 0;
-                if (slot_fire(s, now, 1)) { /* takes back: deferred_since goes */
-                    s->pc_frame = NULL;
-                    if (s->fired != NULL) {
-                        as_scope(s->fired)->delivered_at = now;
-                        as_scope(s->fired)->deferred_ns += deferred;
-                    }
-                    STAT_INC(pending_raises);
-                    return -1;
-                }
-            }
-        }
-        if (!usable && ++s->pc_declines > TC_PC_MAX_DECLINES)
-            return pc_to_hook(s, now);
-        s->pc_frame = (const void *)cur;
-        s->pc_lasti = PyFrame_GetLasti(cur);
-        s->pc_waiting = usable;
-        s->pc_since = now;
-    }
-    else if (!s->pc_waiting && now_ns() - s->pc_since > TC_PC_SAME_NS) {
-        /* Declined here already, and here again, check after check: a loop
-         * whose only breaker check is no usable back-edge (`while <cond>:`
-         * on 3.13, cpython#130279) would never see the raise.  The hook
-         * takes over (it raises at the loop's next line). */
-        return pc_to_hook(s, now_ns());
-    }
-    *again = 1;
-    return 0;
-}
-
-/* The pending call itself.  pc_queued is set by whoever queues it (the
- * watchdog, with it clear) and stays set while a call is queued or running:
- * a call that asks to run again queues itself with the flag still set, and
- * only a call that does not -- or whose queueing fails (full: the watchdog
- * decides) -- clears it.  So there is never more than one call per slot in
- * CPython's queue: with the flag cleared on entry instead, a watchdog look
- * while a call ran added a second one, and calls that each queue themselves
- * again never shrink in number -- a thread deferred long in protected code
- * filled 3.12's queue (32 calls), and the next look found it full. */
-static int pc_fire(void *arg)
-{
-    tc_slot *s = (tc_slot *)arg;
-    int again = 0;
-    int r = pc_fire_here(s, &again);
-    if (!again || tc_add_pending(pc_fire, s) != 0)
-        atomic_store(&s->pc_queued, 0);
-    return r;
-}
-#endif
 
 /* Make `exc` (a class) surface in the slot's thread for `scope` at its next
  * safe point.  A pending hard interrupt is never replaced by anything else.

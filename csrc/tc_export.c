@@ -39,6 +39,7 @@ static void atfork_parent(void)
 static void atfork_child(void)
 {
     remote_relay_atfork_child(); /* its marks; its entries: _remote_forget, after fork */
+    self_fire_atfork_child();
     pthread_mutex_unlock(&g_fast_mu);
     pthread_mutex_unlock(&g_mu);
     wd_forget_after_fork();
@@ -47,8 +48,6 @@ static void atfork_child(void)
     for (tc_slot *s = g_slots; s != NULL; s = s->next) {
         s->timer_ok = 0;
         atomic_store(&s->backstop_gen, 0);
-        atomic_store(&s->watch_at, 0);
-        atomic_store(&s->pc_queued, 0);
         atomic_store(&s->exit_until, 0);
         if (s == t_slot && s->alive) {
             s->tid = (pid_t)syscall(SYS_gettid);

@@ -33,8 +33,8 @@
  *
  * Who holds the GIL, and a call to run at a breaker check (3.12+).  A thread
  * that holds the GIL when its deadline comes can fire it itself, with no GIL
- * hand-off at all (tc_wd_fire.c: the self-fire; tc_deliver_steps.c: pc_fire): the
- * watchdog looks at the GIL state's `locked` and `last_holder` -- atomics
+ * hand-off at all (accel_self_fire.c: wd_watch, pc_fire): the watchdog
+ * looks at the GIL state's `locked` and `last_holder` -- atomics
  * that CPython's own waiters read without the GIL too -- and, while that
  * thread holds it, queues a call with _PyEval_AddPendingCall, the function
  * behind Py_AddPendingCall (callable from any thread, with or without the

@@ -134,31 +134,12 @@ typedef struct tc_slot {
                                       on, -1 if none yet: free-threaded, its
                                       pre-armed hook's (placement); with a
                                       GIL, 3.12+, at the self-fire's
-                                      prepare (wd_watch's spin)            */
+                                      prepare (for its watch's spin)       */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
-    /* The self-fire (tc_wd_fire.c: wd_watch, tc_deliver_steps.c: pc_fire). */
     _Atomic(const void *) tstate_id; /* its thread state, only ever compared
                                       with the GIL's holder (slot_get)     */
-    _Atomic int pc_queued;         /* pc_fire is queued for it: set by the
-                                      watchdog (no GIL), cleared by pc_fire */
-    _Atomic int64_t watch_at;      /* watched: when to look again (0: not);
-                                      the watchdog only, valid for ...     */
-    _Atomic uint64_t watch_gen;    /* ... this gen                         */
-    uint64_t prepare_gen;          /* watchdog: gen it asked to prepare for */
-    uint64_t kick_gen;             /* watchdog: gen it kicked while watched */
-    uint64_t back_gen;             /* watchdog: gen it kicked off the GIL, due */
-    uint64_t free_gen;             /* watchdog: gen it saw the GIL free for ... */
-    int64_t free_since;            /* ... first at this time (0 gen: none)  */
+    struct self_fire_slot self_fire; /* accelerator self_fire's        */
     struct remote_relay_slot relay; /* accelerator remote_relay's      */
-    const void *pc_frame;          /* GIL: where pc_fire last declined     */
-    int pc_lasti;
-    uint64_t pc_gen;               /* GIL: the gen its declines count for  */
-    int pc_declines;               /* GIL: checks that were no usable
-                                      back-edge, for that gen              */
-    int pc_waiting;                /* GIL: pc_frame is a usable place where
-                                      it waits (protected code, the
-                                      collector): no count there           */
-    int64_t pc_since;              /* GIL: when it first ran at pc_frame   */
     int hook_skips;                /* owner thread: hook_core_busy's count */
     int64_t deferred_since;        /* first time the hook found protected
                                       code on the stack, 0 if not yet      */

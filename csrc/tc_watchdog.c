@@ -118,8 +118,8 @@ static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadl
         int remote = r != TC_NEVER;
         if (r < d)
             *deadline_out = d = r;
-        int64_t w = atomic_load(&s->watch_at); /* wd_watch */
-        if (w != 0 && atomic_load(&s->watch_gen) == atomic_load(&s->gen))
+        int64_t w = self_fire_look_at(s); /* watched by the self-fire */
+        if (w != 0)
             return w;
         if (remote)
             return d;
@@ -198,8 +198,7 @@ static wd_event wd_plan(int64_t *fast_until, int64_t *look_at)
         }
         /* due, watched, its thread off the GIL: it must get it back soon */
         if (atomic_load(&s->state) == SLOT_ARMED && !atomic_load(&s->prearmed) &&
-            atomic_load(&s->watch_at) != 0 && atomic_load(&s->watch_gen) == atomic_load(&s->gen) &&
-            (fu = atomic_load(&s->deadline)) <= now && fu + TC_WATCH_BACK_NS > *fast_until &&
+            self_fire_look_at(s) != 0 && (fu = atomic_load(&s->deadline)) <= now && fu + TC_WATCH_BACK_NS > *fast_until &&
             !slot_holds_gil(s))
             *fast_until = fu + TC_WATCH_BACK_NS;
         /* a cancel off the control channel: its thread will want the GIL */

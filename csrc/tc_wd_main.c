@@ -89,10 +89,8 @@ static void *wd_main(void *arg)
         }
         if (atomic_load(&ev.slot->gen) != ev.gen)
             continue; /* it changed while we looked: plan again */
-#if TC_SELF_FIRE
-        if (accel_on(ACCEL_SELF_FIRE) && atomic_load(&ev.slot->state) == SLOT_ARMED && wd_watch(ev))
+        if (self_fire_watch(ev.slot, ev.gen, ev.deadline))
             continue; /* its thread holds the GIL: it fires itself */
-#endif
 
         int busy = gil_take(ts, ev.slot);
         if (atomic_load(&g_wd_stop)) {

@@ -31,6 +31,8 @@
  *                         needs the GIL
  *   tc_wd_fire.c          taking the GIL, pre-arm, the self-fire
  *   accel_prepare.c       accelerator prepare: the exception built ahead
+ *   accel_self_fire.c     accelerator self_fire: the watch of a thread that
+ *                         holds the GIL, and its pending call
  *   tc_wd_main.c          the watchdog's loop, placement, start and stop
  *   accel_remote_relay.c  accelerator remote_relay: remote cancels read
  *                         off the registry's control channel
@@ -60,6 +62,7 @@
 #include "tc_fast_window.c"
 #include "tc_wd_fire.c"
 #include "accel_prepare.c"
+#include "accel_self_fire.c"
 #include "tc_wd_main.c"
 #include "accel_remote_relay.c"
 #include "tc_scope.c"
