@@ -147,3 +147,18 @@ def test_switched_off_accelerators_are_not_logged(tmp_path: Path) -> None:
     assert_one_debug_line_per_reason(out)
     assert all("unsupported on this CPython" in msg for msg in logged(out, "DEBUG"))
     assert logged(out, "WARNING") == []
+
+
+def test_the_warning_reaches_stderr_where_logging_was_never_configured(
+        tmp_path: Path) -> None:
+    """Without logging imported before timeoutcore, the DEBUG lines have nowhere to go and
+    are not made (a plain import loads no logging: tests/test_layers.py); the WARNING is,
+    and logging's last resort prints it."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TIMEOUTCORE_")}
+    environ["TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET"] = "1"
+    p = subprocess.run([sys.executable, "-c", "import timeoutcore"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path, env=environ)
+    assert p.returncode == 0, p.stderr
+    (line,) = p.stderr.splitlines()
+    assert "failed its import check: the thread state's thread_id" in line
+    assert "deadlines still work" in line

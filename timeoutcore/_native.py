@@ -9,7 +9,6 @@ to do then.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import sys
 from types import CodeType, ModuleType
@@ -161,13 +160,22 @@ def _log_accelerators() -> None:
     """At import: one DEBUG line per accelerator that is off for a reason other than
     TIMEOUTCORE_ACCEL (this CPython, a failed import check, a dependency), and one WARNING
     if the import check of CPython internals failed -- a wheel meeting a CPython whose
-    internal layout differs from the one it was built against."""
+    internal layout differs from the one it was built against.
+
+    The DEBUG lines only where ``logging`` is already imported: a plain import must not load
+    it (tests/test_layers.py), and without it no handler exists yet that could receive
+    them. The WARNING imports it: it must reach stderr even then (logging's last resort)."""
+    check = internals_check()
+    failed = check.startswith("failed")
+    if not failed and "logging" not in sys.modules:
+        return
+    import logging
+
     log = logging.getLogger("timeoutcore")
     for name, why in _ACCELERATORS.items():
         if why is not None and why != _SWITCHED_OFF:
             log.debug("accelerator %s is off: %s", name, why)
-    check = internals_check()
-    if check.startswith("failed"):
+    if failed:
         log.warning(
             "the C core %s; the accelerators that use CPython internals are off: deadlines "
             "still work, some land later (timeoutcore.accelerators(explain=True) says which)",
