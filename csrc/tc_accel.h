@@ -46,8 +46,6 @@
  *   anticipation     tc_watchdog.c: refresh_switch_interval (no lead: the
  *                    watchdog asks for the GIL at the deadline; so no
  *                    requeue and no holding the GIL up to it either)
- *   fast_window      tc_compat.h: tc_switch_setup (no interval address: the
- *                    window, the exit linger and urgent takes do nothing)
  *   prearm           tc_wd_fire.c: wd_prearm, slot_self_prearm;
  *                    tc_deliver.c: prearm_lead (free-threaded: no lead)
  *   sleeping_tracer  tc_hook_trace.c: hook_sleep
@@ -117,6 +115,43 @@ static void remote_relay_apply(struct tc_slot *s, int64_t now);
 static void remote_relay_atfork_prepare(void);
 static void remote_relay_atfork_parent(void);
 static void remote_relay_atfork_child(void);
+
+/* -- fast_window (accel_fast_window.c) ---------------------------------------
+ * The GIL switch interval lowered while the watchdog, then a fired thread,
+ * needs the GIL.  Switched by the interval's address (tc_compat.h:
+ * tc_switch_setup, called by accel_setup): without it, tc_lower_switch_
+ * supported() is 0 and every hook here does nothing.  The window's mutex
+ * is never held together with g_mu. */
+
+/* The watchdog, with or without the GIL: open / close the window. */
+static void fast_enter(void);
+static void fast_leave(void);
+
+/* The watchdog, without the GIL, just before and after it takes the GIL:
+ * the window opens for the take, and a claim meanwhile leaves it open. */
+static void fast_window_take_begin(void);
+static void fast_window_take_end(void);
+
+/* A scope's exit that claimed its interrupt (GIL held, the slot's own
+ * thread), about to return: close the window, or keep it open a moment
+ * while this thread gives the GIL away on its way out. */
+static void fast_after_claim(struct tc_slot *s);
+
+/* Any thread, without the GIL (tc_module.c: _wait_readable): this thread
+ * takes the GIL back for urgent work -- open the window until it is done. */
+static void wd_urgent_begin(void);
+static void wd_urgent_end(void);
+
+/* The watchdog's loop, no GIL: until when urgent takes keep the window
+ * open (0: none). */
+static int64_t fast_window_urgent_until(void);
+
+/* pthread_atfork (its mutex), and the fork child's watchdog reset (the
+ * user's interval back, no urgent thread left). */
+static void fast_window_atfork_prepare(void);
+static void fast_window_atfork_parent(void);
+static void fast_window_atfork_child(void);
+static void fast_window_after_fork(void);
 
 /* -- placement, rescue (accel_placement_rescue.c) ----------------------------
  * Where the watchdog thread runs: placement (free-threaded) moves it to the

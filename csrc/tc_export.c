@@ -6,7 +6,7 @@
  *
  * Who calls what: the atfork handlers run in the forking thread around
  * fork(); the child handler runs in the child where only that thread exists,
- * unlocks the mutexes the prepare handler took (g_mu, g_fast_mu,
+ * unlocks the mutexes the prepare handler took (g_mu, the fast window's,
  * the remote relay's), and otherwise uses raw system calls and plain stores.  The
  * tc_* entry points are called by cffi WITHOUT the GIL, from any thread;
  * tc_export takes the GIL itself, the others read relaxed atomics or plain
@@ -19,20 +19,20 @@
 static void atfork_prepare(void)
 {
     pthread_mutex_lock(&g_mu);
-    pthread_mutex_lock(&g_fast_mu); /* never held together with g_mu elsewhere */
+    fast_window_atfork_prepare(); /* never held together with g_mu elsewhere */
     remote_relay_atfork_prepare(); /* a leaf lock: this order is free */
 }
 
 static void atfork_parent(void)
 {
     remote_relay_atfork_parent();
-    pthread_mutex_unlock(&g_fast_mu);
+    fast_window_atfork_parent();
     pthread_mutex_unlock(&g_mu);
 }
 
 /* In the child, right after fork(), where only the forking thread exists:
  * the watchdog and every other thread are gone, and so are the parent's
- * kernel timers (they are not inherited).  g_mu and g_fast_mu were taken by
+ * kernel timers (they are not inherited).  g_mu and the fast window's were taken by
  * this same thread in atfork_prepare, so unlocking them is valid; besides that, only
  * raw syscalls and plain stores.  (Python-level work -- restarting the
  * watchdog -- is done later by _ensure_watchdog from os.register_at_fork.) */
@@ -40,7 +40,7 @@ static void atfork_child(void)
 {
     remote_relay_atfork_child(); /* its marks; its entries: _remote_forget, after fork */
     self_fire_atfork_child();
-    pthread_mutex_unlock(&g_fast_mu);
+    fast_window_atfork_child();
     pthread_mutex_unlock(&g_mu);
     wd_forget_after_fork();
     atomic_store(&g_st.timers_live, 0);

@@ -5,7 +5,7 @@
  * (shipped with the public ones) touch nothing else.
  *
  * Why: the watchdog lowers the switch interval while a deadline is due or
- * an interrupt on its way (tc_fast_window.c), so that the
+ * an interrupt on its way (accel_fast_window.c), so that the
  * thread that must stop gets the GIL within a fraction of a millisecond
  * even when other threads are busy.
  *

@@ -536,7 +536,7 @@ TC_LOCKED_2(PyObject *, mod_ensure_watchdog, PyObject *, PyObject *)
 /* _wait_readable(fd, timeout, control=False) -> bool: wait, without the
  * GIL, until `fd` is readable (or hung up, or invalid) or `timeout` seconds
  * have passed; when it is ready, take the GIL back *urgently*: the watchdog
- * opens the fast window (tc_fast_window.c: wd_urgent_begin), so that in a busy
+ * opens the fast window (accel_fast_window.c: wd_urgent_begin), so that in a busy
  * process this thread gets the GIL after a fast switch interval, not a
  * whole one, and keeps it open until this thread's next _wait_readable (or
  * TC_URGENT_MAX_NS).  With `control` (the registry's subscriber socket), the

@@ -189,7 +189,7 @@ static int slot_fire(tc_slot *s, int64_t now, int local)
         slot_raise_here(s);
     else {
         if (s != t_slot) /* another thread delivers: it will want the GIL soon */
-            atomic_store(&s->fast_until, now + TC_FAST_HOLD_NS); /* tc_fast_window.c */
+            atomic_store(&s->fast_until, now + TC_FAST_HOLD_NS); /* accel_fast_window.c */
         slot_inject(s, g_interrupt, s->fired);
     }
     return 1;

@@ -2,10 +2,9 @@
  * tc_watchdog.c -- the one watchdog pthread: its schedule of every armed
  * slot, GIL anticipation (with requeue), and the fire-time sweep.  Part of
  * the unity build (timeoutcore.c).  This file: its shared state, the
- * planner (wd_plan), the sweep and the lead; then tc_fast_window.c (the
- * lowered switch interval), tc_wd_fire.c (taking the GIL, pre-arm,
- * prepare, the self-fire's watch) and tc_wd_main.c (the loop, placement,
- * start and stop).
+ * planner (wd_plan), the sweep and the lead; then tc_wd_fire.c (taking
+ * the GIL, pre-arm) and tc_wd_main.c (the loop, start and stop).  The
+ * accelerators it calls at named points are in accel_*.c (tc_accel.h).
  *
  * The watchdog plans WITHOUT the GIL (wd_plan reads the slots' atomics under
  * g_mu), sleeps on a futex until the next event, then takes the GIL and acts

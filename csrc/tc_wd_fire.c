@@ -1,7 +1,7 @@
 /*
  * tc_wd_fire.c -- what the watchdog does ahead of and at a deadline: take
  * the GIL (gil_busy, gil_take), and pre-arm the hook (accelerator prearm).  Part of
- * the unity build (timeoutcore.c), after tc_fast_window.c.
+ * the unity build (timeoutcore.c), after accel_fast_window.c.
  *
  * Who calls what: all of it runs in the watchdog thread, from wd_main
  * (tc_wd_main.c), holding no lock of ours: gil_take without the GIL (it
@@ -36,13 +36,10 @@ static int gil_busy(tc_slot *s)
 static int gil_take(PyThreadState *ts, tc_slot *s)
 {
     int busy;
-    pthread_mutex_lock(&g_fast_mu);
-    atomic_store(&g_wd_taking, 1); /* a claim meanwhile leaves the window open */
-    fast_enter_locked();
-    pthread_mutex_unlock(&g_fast_mu);
+    fast_window_take_begin();
     busy = gil_busy(s);
     PyEval_RestoreThread(ts);
-    atomic_store(&g_wd_taking, 0);
+    fast_window_take_end();
     STAT_INC(gil_takes);
     return busy;
 }

@@ -56,7 +56,7 @@ static void *wd_main(void *arg)
         atomic_store(&g_wd_planned, ev.at < look_at ? ev.at : look_at);
         if (fu2 > fast_until)
             fast_until = fu2;
-        if (atomic_load(&g_urgent_n) > 0 && (fu2 = atomic_load(&g_urgent_until)) > fast_until)
+        if ((fu2 = fast_window_urgent_until()) > fast_until)
             fast_until = fu2;
         int64_t t0 = now_ns(), off_at = hook_idle_off_at(ev.at, t0);
         atomic_store(&g_wd_seen_at, t0);
@@ -242,7 +242,7 @@ static int wd_stop(void)
 /* After fork, in the child (no other thread exists): forget the watchdog. */
 static void wd_forget_after_fork(void)
 {
-    fast_leave_locked(0); /* the child starts with the user's interval */
+    fast_window_after_fork();
     g_wd_running = 0;
     atomic_store(&g_wd_tid, 0); /* the parent's: never moved from here */
     atomic_store(&g_wd_seen_at, 0);
@@ -251,7 +251,4 @@ static void wd_forget_after_fork(void)
     placement_after_fork();
 #endif
     atomic_store(&g_wd_planned, 0);
-    atomic_store(&g_urgent_until, 0);
-    atomic_store(&g_urgent_n, 0); /* only this thread is left: its own mark goes too */
-    t_urgent = 0;
 }

@@ -27,9 +27,9 @@
  *                         sweep, GIL anticipation
  *   accel_placement_rescue.c  accelerators placement and rescue: where
  *                         the watchdog thread runs
- *   tc_fast_window.c      the switch interval lowered while a deadline
- *                         needs the GIL
- *   tc_wd_fire.c          taking the GIL, pre-arm, the self-fire
+ *   accel_fast_window.c   accelerator fast_window: the switch interval
+ *                         lowered while a deadline needs the GIL
+ *   tc_wd_fire.c          taking the GIL, pre-arm
  *   accel_prepare.c       accelerator prepare: the exception built ahead
  *   accel_self_fire.c     accelerator self_fire: the watch of a thread that
  *                         holds the GIL, and its pending call
@@ -59,7 +59,7 @@
 #include "tc_unraisable.c"
 #include "tc_watchdog.c"
 #include "accel_placement_rescue.c"
-#include "tc_fast_window.c"
+#include "accel_fast_window.c"
 #include "tc_wd_fire.c"
 #include "accel_prepare.c"
 #include "accel_self_fire.c"

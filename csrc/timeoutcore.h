@@ -71,7 +71,7 @@
  *     fields, which only GIL holders write.  Whoever delivers (the
  *     watchdog, a cancelling thread, the guarded thread itself) arms it with
  *     the GIL.  The fast window's switch interval is written under
- *     g_fast_mu, with or without the GIL (tc_fast_window.c).
+ *     g_fast.mu, with or without the GIL (accel_fast_window.c).
  *   - The functions declared below (the cffi `lib`) are called by cffi
  *     WITHOUT the GIL, from any thread; tc_export() takes the GIL itself.
  *
@@ -187,7 +187,7 @@ struct tc_stats {
                                   the watchdog's request (tc_deliver_steps.c) */
     uint64_t exit_lingers;     /* fired blocks' exits that held the fast
                                   window open past their return: a waiter
-                                  had asked for the GIL (tc_fast_window.c) */
+                                  had asked for the GIL (fast_window)     */
     uint64_t pins;             /* free-threaded: the watchdog's moves to
                                   a guarded thread's CPU ahead of a
                                   pre-armed deadline (tc_wd_main.c)      */

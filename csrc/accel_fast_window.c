@@ -1,15 +1,23 @@
 /*
- * tc_fast_window.c -- the fast window (accelerator fast_window): the switch
- * interval lowered while the watchdog, then a fired thread, needs the GIL,
- * and the urgent windows of threads that take the GIL back to apply a
- * registry cancel.  Part of the unity build (timeoutcore.c), after
- * tc_watchdog.c.
+ * accel_fast_window.c -- accelerator fast_window: the switch interval
+ * lowered while the watchdog, then a fired thread, needs the GIL, and the
+ * urgent windows of threads that take the GIL back to apply a registry
+ * cancel.  Its hooks: tc_accel.h; its switch: the interval's address
+ * (tc_compat.h: tc_switch_setup, tc_lower_switch_supported), without which
+ * every hook here does nothing.  Part of the unity build (timeoutcore.c),
+ * after tc_watchdog.c.
+ *
+ * State: g_fast (below) and this thread's urgent mark.  The slot's
+ * fast_until, exit_until and linger_until stay in the slot: they are the
+ * core's record of a fired interrupt on its way and of a claiming exit
+ * running its hooks, which the watchdog's plan reads for its looks and for
+ * the window alike (and the remote relay's yield, for the exit).
  *
  * Who calls what: the watchdog opens and closes the window (fast_enter,
  * fast_leave), with or without the GIL; a scope's exit that claims its
  * interrupt (tc_scope.c: Scope_exit, GIL held) closes or re-opens it
  * (fast_after_claim); wd_urgent_begin/wd_urgent_end run in any thread
- * without the GIL (tc_module.c: _wait_readable).  g_fast_mu guards the
+ * without the GIL (tc_module.c: _wait_readable).  g_fast.mu guards the
  * window's state; the interval itself is written through tc_gil.c.  Nothing
  * here runs in a signal handler.
  */
@@ -31,38 +39,40 @@
  * (benchmarks/bench_contention.py: pool throughput).  The watchdog opens and
  * closes it; a scope's exit that claims its interrupt closes it too when
  * nothing else needs it, or opens it when its thread is about to give the
- * GIL away (fast_after_claim), so g_fast_mu guards its state, and
- * g_fast_flag lets others look without the mutex. */
-static pthread_mutex_t g_fast_mu = PTHREAD_MUTEX_INITIALIZER; /* the next three */
-static int g_fast_on;
-static unsigned long g_fast_saved;  /* the interval to put back            */
-static int64_t g_fast_since;        /* when it was lowered                 */
-static _Atomic int g_fast_flag;     /* g_fast_on, for a look without g_fast_mu */
-/* The watchdog is waiting for the GIL (gil_take), in the window. */
-static _Atomic int g_wd_taking;
-/* Threads that took the GIL back for work that must not wait a whole switch
- * interval (wd_urgent_begin) keep the window open until they are done
- * (wd_urgent_end), or at most until g_urgent_until. */
-static _Atomic int g_urgent_n;
-static _Atomic int64_t g_urgent_until;
-static _Thread_local int t_urgent;  /* this thread is one of them          */
+ * GIL away (fast_after_claim), so g_fast.mu guards its state, and
+ * g_fast.flag lets others look without the mutex. */
+static struct {
+    pthread_mutex_t mu;       /* the next three                           */
+    int on;
+    unsigned long saved;      /* the interval to put back                 */
+    int64_t since;            /* when it was lowered                      */
+    _Atomic int flag;         /* `on`, for a look without the mutex       */
+    /* The watchdog is waiting for the GIL (gil_take), in the window. */
+    _Atomic int wd_taking;
+    /* Threads that took the GIL back for work that must not wait a whole
+     * switch interval (wd_urgent_begin) keep the window open until they are
+     * done (wd_urgent_end), or at most until urgent_until. */
+    _Atomic int urgent_n;
+    _Atomic int64_t urgent_until;
+} g_fast = {.mu = PTHREAD_MUTEX_INITIALIZER};
+static _Thread_local int t_urgent; /* this thread is one of them          */
 
 static void fast_enter_locked(void)
 {
     unsigned long cur;
-    if (g_fast_on || !tc_lower_switch_supported())
+    if (g_fast.on || !tc_lower_switch_supported())
         return;
     if ((cur = tc_switch_interval_us()) <= TC_FAST_SWITCH_US)
         return; /* the user runs a short interval already */
-    g_fast_saved = cur;
+    g_fast.saved = cur;
     /* The waiters wait the new interval at once (tc_gil.c); if waking them
      * fails, each waits out its current wait first: later, not wrong. */
     if (tc_set_switch_interval_us(TC_FAST_SWITCH_US, 1) != 0)
         STAT_INC(rewait_errors);
-    g_fast_on = 1;
-    g_fast_since = now_ns();
+    g_fast.on = 1;
+    g_fast.since = now_ns();
     STAT_INC(fast_windows);
-    atomic_store(&g_fast_flag, 1);
+    atomic_store(&g_fast.flag, 1);
 }
 
 /* Whether the interval found at the window's end is still the window's: the
@@ -88,29 +98,29 @@ static int fast_interval_is_ours(unsigned long cur)
  * the GIL's mutex may be in any state there), a plain store. */
 static void fast_leave_locked(int rewait)
 {
-    if (!g_fast_on)
+    if (!g_fast.on)
         return;
     if (fast_interval_is_ours(tc_switch_interval_us()) &&
-        tc_set_switch_interval_us(g_fast_saved, rewait) != 0)
+        tc_set_switch_interval_us(g_fast.saved, rewait) != 0)
         STAT_INC(rewait_errors);
-    g_fast_on = 0;
-    atomic_fetch_add_explicit(&g_st.fast_ns, (uint64_t)(now_ns() - g_fast_since),
+    g_fast.on = 0;
+    atomic_fetch_add_explicit(&g_st.fast_ns, (uint64_t)(now_ns() - g_fast.since),
                               memory_order_relaxed);
-    atomic_store(&g_fast_flag, 0);
+    atomic_store(&g_fast.flag, 0);
 }
 
 static void fast_enter(void)
 {
-    pthread_mutex_lock(&g_fast_mu);
+    pthread_mutex_lock(&g_fast.mu);
     fast_enter_locked();
-    pthread_mutex_unlock(&g_fast_mu);
+    pthread_mutex_unlock(&g_fast.mu);
 }
 
 static void fast_leave(void)
 {
-    pthread_mutex_lock(&g_fast_mu);
+    pthread_mutex_lock(&g_fast.mu);
     fast_leave_locked(1);
-    pthread_mutex_unlock(&g_fast_mu);
+    pthread_mutex_unlock(&g_fast.mu);
 }
 
 /* A scope's exit has claimed its interrupt (GIL held, any thread): close the
@@ -128,24 +138,24 @@ static int fast_close_after_claim(void)
     int64_t fast_until, look_at, now;
     wd_event ev;
     int closed;
-    if (!atomic_load(&g_fast_flag))
+    if (!atomic_load(&g_fast.flag))
         return 1;
     ev = wd_plan(&fast_until, &look_at);
     now = now_ns();
     if (fast_until > now || ev.at <= now)
         return 0;
-    /* g_wd_taking is set under g_fast_mu (gil_take): a take that starts
+    /* g_fast.wd_taking is set under g_fast.mu (gil_take): a take that starts
      * after this keeps the window it opens. */
-    pthread_mutex_lock(&g_fast_mu);
-    closed = !atomic_load(&g_wd_taking) && atomic_load(&g_urgent_n) == 0;
+    pthread_mutex_lock(&g_fast.mu);
+    closed = !atomic_load(&g_fast.wd_taking) && atomic_load(&g_fast.urgent_n) == 0;
     if (closed)
         fast_leave_locked(1);
-    pthread_mutex_unlock(&g_fast_mu);
+    pthread_mutex_unlock(&g_fast.mu);
     if (!closed)
         return 0;
     atomic_fetch_add(&g_wd_seq, 1);
     /* an urgent thread that came meanwhile: the woken watchdog opens it again */
-    return atomic_load(&g_urgent_n) == 0;
+    return atomic_load(&g_fast.urgent_n) == 0;
 }
 
 /* The exit that claimed an interrupt is about to return (GIL held, the
@@ -192,12 +202,12 @@ static void fast_after_claim(tc_slot *s)
 static void wd_urgent_begin(void)
 {
     int64_t until = now_ns() + TC_URGENT_MAX_NS;
-    int64_t cur = atomic_load(&g_urgent_until);
-    while (cur < until && !atomic_compare_exchange_weak(&g_urgent_until, &cur, until))
+    int64_t cur = atomic_load(&g_fast.urgent_until);
+    while (cur < until && !atomic_compare_exchange_weak(&g_fast.urgent_until, &cur, until))
         ;
     if (!t_urgent) {
         t_urgent = 1;
-        atomic_fetch_add(&g_urgent_n, 1);
+        atomic_fetch_add(&g_fast.urgent_n, 1);
     }
     wd_wake();
 }
@@ -209,6 +219,38 @@ static void wd_urgent_end(void)
     if (!t_urgent)
         return;
     t_urgent = 0;
-    if (atomic_fetch_sub(&g_urgent_n, 1) == 1)
+    if (atomic_fetch_sub(&g_fast.urgent_n, 1) == 1)
         wd_wake();
+}
+
+/* -- Hooks for the watchdog's GIL take, its loop, fork (tc_accel.h) --------- */
+
+static void fast_window_take_begin(void)
+{
+    pthread_mutex_lock(&g_fast.mu);
+    atomic_store(&g_fast.wd_taking, 1); /* a claim meanwhile leaves the window open */
+    fast_enter_locked();
+    pthread_mutex_unlock(&g_fast.mu);
+}
+
+static void fast_window_take_end(void) { atomic_store(&g_fast.wd_taking, 0); }
+
+static int64_t fast_window_urgent_until(void)
+{
+    return atomic_load(&g_fast.urgent_n) > 0 ? atomic_load(&g_fast.urgent_until) : 0;
+}
+
+static void fast_window_atfork_prepare(void) { pthread_mutex_lock(&g_fast.mu); }
+
+static void fast_window_atfork_parent(void) { pthread_mutex_unlock(&g_fast.mu); }
+
+static void fast_window_atfork_child(void) { pthread_mutex_unlock(&g_fast.mu); }
+
+/* The fork child, after fast_window_atfork_child (only this thread). */
+static void fast_window_after_fork(void)
+{
+    fast_leave_locked(0); /* the child starts with the user's interval */
+    atomic_store(&g_fast.urgent_until, 0);
+    atomic_store(&g_fast.urgent_n, 0); /* only this thread is left: its own mark goes too */
+    t_urgent = 0;
 }
