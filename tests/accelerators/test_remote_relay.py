@@ -226,7 +226,8 @@ def test_next_to_busy_threads_the_gils_holder_fires_the_cancel(
     """A job that waits for the GIL when its cancel is read: the watchdog does not queue
     for the GIL behind the busy threads, it asks whichever thread holds it to fire the job
     (csrc/tc_deliver_steps.c: pc_fire_for). With 3 spinning threads the job holds the GIL a
-    quarter of the time: some trial of 10 finds it waiting."""
+    quarter of the time, so a trial finds it waiting about one time in six: up to 150 trials
+    (they stop at the first relay) make a run that never sees one a broken relay, not luck."""
     a, b = pair
     stop = threading.Event()
 
@@ -239,7 +240,7 @@ def test_next_to_busy_threads_the_gils_holder_fires_the_cancel(
         h.start()
     relayed = 0
     try:
-        for _ in range(10):
+        for _ in range(150):
             token = uuid.uuid4().hex
             job = Job(token)
             time.sleep(0.005)
