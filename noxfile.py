@@ -179,6 +179,9 @@ CORE_TESTS = [
     "tests/test_patch.py",
     "tests/test_patch_socket_stops.py",
     "tests/test_cancel.py",
+    "tests/test_watchdog.py",
+    "tests/test_resources.py",
+    "tests/test_thread_start_failure.py",
     "tests/test_accelerators.py",
 ]
 
