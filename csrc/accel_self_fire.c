@@ -104,7 +104,8 @@ static int pc_fire_here(tc_slot *s, int *again)
         s->self_fire.pc_frame = NULL;
         s->self_fire.pc_declines = 0;
     }
-    if ((const void *)cur != s->self_fire.pc_frame || PyFrame_GetLasti(cur) != s->self_fire.pc_lasti) {
+    if ((const void *)cur != s->self_fire.pc_frame ||
+        PyFrame_GetLasti(cur) != s->self_fire.pc_lasti) {
         int usable = 0, back;
 #if TC_TRACK_FRAMES
         Py_INCREF(cur); /* consumed */
@@ -259,9 +260,9 @@ static int wd_watch(wd_event ev)
          * threads -- a whole turn before the guarded thread's own -- the call
          * goes to the GIL's holder, whoever it is: pc_fire, run in another
          * thread, fires the slot from there as this sweep would
-         * (tc_deliver_steps.c).  The usual way if the GIL is free (it comes at once) or if nobody ran
-         * the call within TC_WATCH_MAX_NS (a holder in C code that checks no
-         * breaker). */
+         * (pc_fire_for, above).  The usual way if the GIL is free (it comes
+         * at once) or if nobody ran the call within TC_WATCH_MAX_NS (a
+         * holder in C code that checks no breaker). */
         const void *holder;
         int busy = tc_gil_holder(&holder) == 1, remote = remote_relay_marked_at(s) != TC_NEVER;
         if (now - ev.deadline >= (remote ? TC_WATCH_MAX_NS : TC_WATCH_BACK_NS))

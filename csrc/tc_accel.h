@@ -43,9 +43,6 @@
  *
  * Where each is switched, for those not in a file of their own yet (the
  * point where the core decides to use it):
- *   anticipation     tc_watchdog.c: refresh_switch_interval (no lead: the
- *                    watchdog asks for the GIL at the deadline; so no
- *                    requeue and no holding the GIL up to it either)
  *   prearm           tc_wd_fire.c: wd_prearm, slot_self_prearm;
  *                    tc_deliver.c: prearm_lead (free-threaded: no lead)
  *   sleeping_tracer  tc_hook_trace.c: hook_sleep
@@ -115,6 +112,28 @@ static void remote_relay_apply(struct tc_slot *s, int64_t now);
 static void remote_relay_atfork_prepare(void);
 static void remote_relay_atfork_parent(void);
 static void remote_relay_atfork_child(void);
+
+/* -- anticipation (accel_anticipation.c) ------------------------------------
+ * With a GIL, the watchdog asks for the GIL ahead of a deadline by a lead:
+ * one switch interval, a margin, and the crowd it lately queued behind.
+ * Off, or free-threaded: the lead is 0, the GIL is asked for at the
+ * deadline, and so there is no requeue and no holding it up to it. */
+
+/* Any thread, no lock, atomics only: the lead, in ns (0: none). */
+static int64_t anticipation_lead(void);
+
+/* The watchdog holding the GIL (and wd_ensure): re-read the switch
+ * interval (sys.getswitchinterval, from sys.modules) and set the lead. */
+static void anticipation_refresh(void);
+
+/* The watchdog, just after it took the GIL ahead of a deadline: it waited
+ * `waited` ns (the crowd's average learns from it). */
+static void anticipation_learn(int64_t waited);
+
+/* Any thread: the switch interval it plans with (the requeue's test), and
+ * all three figures (the module's _anticipation()). */
+static int64_t anticipation_switch_ns(void);
+static void anticipation_figures(int64_t *lead, int64_t *switch_ns, int64_t *crowd_ns);
 
 /* -- fast_window (accel_fast_window.c) ---------------------------------------
  * The GIL switch interval lowered while the watchdog, then a fired thread,

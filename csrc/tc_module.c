@@ -466,15 +466,16 @@ TC_LOCKED_2(PyObject *, mod_delivery_mode, PyObject *, PyObject *)
 
 /* _anticipation() -> (lead, switch, crowd) in seconds: how long before a
  * deadline the watchdog asks for the GIL, the switch interval it plans with,
- * and how much longer than that it has lately waited (tc_watchdog.c:
- * g_crowd_ns; the lead includes it, capped). */
+ * and how much longer than that it has lately waited (accel_anticipation.c;
+ * the lead includes it, capped). */
 static PyObject *mod_anticipation(PyObject *m, PyObject *unused)
 {
+    int64_t lead, sw, crowd;
     (void)m;
     (void)unused;
-    return Py_BuildValue("(ddd)", (double)atomic_load(&g_lead) / TC_NS_PER_S_F,
-                         (double)atomic_load(&g_switch) / TC_NS_PER_S_F,
-                         (double)atomic_load(&g_crowd_ns) / TC_NS_PER_S_F);
+    anticipation_figures(&lead, &sw, &crowd);
+    return Py_BuildValue("(ddd)", (double)lead / TC_NS_PER_S_F, (double)sw / TC_NS_PER_S_F,
+                         (double)crowd / TC_NS_PER_S_F);
 }
 
 /* _events_cost() -> (prearm lead, switch cost) in seconds: how long before a

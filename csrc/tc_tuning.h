@@ -70,13 +70,13 @@
  * Bench: bench_contention.py test_contention_overshoot. */
 #define TC_LEAD_MARGIN_FAST_NS 800000LL     /* 800 us                        */
 /* ... plus, in a crowded process, how much longer the watchdog lately
- * waited for the GIL (tc_watchdog.c: g_crowd_ns), capped here so a burst
+ * waited for the GIL (accel_anticipation.c: crowd_ns), capped here so a burst
  * cannot make the watchdog hold the GIL long before a deadline.  Bench:
  * bench_contention.py test_contention_overshoot (7 spinning). */
 #define TC_LEAD_CROWD_MAX_NS 3000000LL      /* 3 ms                          */
-/* g_crowd_ns is a running average over about this many waits (wd_learn_crowd):
- * one slow take does not move the lead much.  Bench: bench_contention.py
- * test_contention_overshoot. */
+/* The crowd is a running average over about this many waits
+ * (anticipation_learn): one slow take does not move the lead much.
+ * Bench: bench_contention.py test_contention_overshoot. */
 #define TC_CROWD_WEIGHT 8
 /* Requeue: a GIL that came in less than 1/TC_REQUEUE_QUICK_DIV of a switch
  * interval says the body releases it often (I/O-ish); if the deadline is

@@ -1,6 +1,7 @@
 /*
  * tc_watchdog.c -- the one watchdog pthread: its schedule of every armed
- * slot, GIL anticipation (with requeue), and the fire-time sweep.  Part of
+ * slot, and the fire-time sweep (GIL anticipation's lead:
+ * accel_anticipation.c).  Part of
  * the unity build (timeoutcore.c).  This file: its shared state, the
  * planner (wd_plan), the sweep and the lead; then tc_wd_fire.c (taking
  * the GIL, pre-arm) and tc_wd_main.c (the loop, start and stop).  The
@@ -30,22 +31,6 @@ static _Atomic int64_t g_wd_wake_at = 0;  /* when its current sleep ends  */
 static _Atomic int g_wd_tid;              /* its kernel thread id         */
 static _Atomic int64_t g_wd_seen_at = 0;  /* when it last planned (awake) */
 static _Atomic uint32_t g_wd_ready;       /* it has its thread state      */
-static _Atomic int64_t g_lead = TC_SWITCH_DEFAULT_NS + TC_LEAD_MARGIN_NS;
-static _Atomic int64_t g_switch = TC_SWITCH_DEFAULT_NS;
-/* How much longer than one switch interval the watchdog has lately waited for
- * the GIL ahead of a deadline (an average over the last ~TC_CROWD_WEIGHT
- * waits, written by the watchdog only): ~0 in a quiet process, the queue in
- * front of it in a crowded one.  With a GIL the lead grows by it (refresh_switch_interval, at
- * most TC_LEAD_CROWD_MAX_NS), so that the watchdog is at the deadline in
- * time; free-threaded there is no lead, and it is only reported. */
-static _Atomic int64_t g_crowd_ns;
-
-static void wd_learn_crowd(int64_t waited)
-{
-    int64_t extra = waited - atomic_load(&g_switch), c = atomic_load(&g_crowd_ns);
-    atomic_store(&g_crowd_ns, c + ((extra > 0 ? extra : 0) - c) / TC_CROWD_WEIGHT);
-}
-
 static int wd_running(void) { return g_wd_running; }
 
 static void wd_wake(void)
@@ -86,7 +71,7 @@ static void wd_notify(tc_slot *s, int64_t deadline, int64_t now)
      * watchdog looks at the deadline (wd_plan), or, while its tracer sleeps,
      * at the grace's end (the alarm wakes the tracer, the handler the
      * watchdog if need be) */
-    int64_t need = !atomic_load(&s->prearmed) ? deadline - atomic_load(&g_lead) - prearm_lead()
+    int64_t need = !atomic_load(&s->prearmed) ? deadline - anticipation_lead() - prearm_lead()
                    : slot_asleep(s)           ? deadline + TC_PREARM_GRACE_NS
                                               : deadline;
     int wake = need < planned;
@@ -144,7 +129,7 @@ static int slot_holds_gil(tc_slot *s)
 static wd_event wd_plan(int64_t *fast_until, int64_t *look_at)
 {
     wd_event ev = {NULL, 0, TC_NEVER, TC_NEVER};
-    int64_t lead = atomic_load(&g_lead), now = now_ns();
+    int64_t lead = anticipation_lead(), now = now_ns();
     *fast_until = 0;
     *look_at = TC_NEVER;
     pthread_mutex_lock(&g_mu);
@@ -314,42 +299,3 @@ static void wd_sweep(int64_t now)
     } while (more);
 }
 
-/* With the GIL: keep the lead one switch interval + a margin.
- * Free-threaded: no GIL to ask for, so no lead at all. */
-static void refresh_switch_interval(void)
-{
-#if TC_FREE_THREADED
-    atomic_store(&g_lead, 0);
-    atomic_store(&g_switch, 0);
-    return;
-#endif
-    /* sys from sys.modules, not an import: no import lock for the watchdog. */
-    static PyObject *name; /* interned once, kept: GIL held */
-    double v = 0.0;
-    if (name == NULL)
-        name = PyUnicode_InternFromString("sys");
-    PyObject *mod = name != NULL ? PyImport_GetModule(name) : NULL;
-    if (mod != NULL) {
-        PyObject *r = PyObject_CallMethod(mod, "getswitchinterval", NULL);
-        Py_DECREF(mod);
-        if (r != NULL) {
-            v = PyFloat_AsDouble(r);
-            Py_DECREF(r);
-        }
-    }
-    if (PyErr_Occurred())
-        PyErr_Clear();
-    if (!(v > 0 && v < 10.0))
-        return;
-    int64_t sw = (int64_t)(v * 1e9), margin = TC_LEAD_MARGIN_NS;
-    /* Inside the fast window the value read is ours; in whole microseconds
-     * (the float of 200 us converts to 199999 ns). */
-    if (tc_lower_switch_supported() && (unsigned long)((sw + 500) / 1000) >= TC_FAST_SWITCH_US) {
-        sw = (int64_t)TC_FAST_SWITCH_US * 1000; /* what gil_take() waits */
-        margin = TC_LEAD_MARGIN_FAST_NS;
-    }
-    int64_t crowd = atomic_load(&g_crowd_ns); /* no anticipation: the GIL asked for at the deadline */
-    atomic_store(&g_lead, !accel_on(ACCEL_ANTICIPATION) ? 0
-                          : sw + margin + (crowd < TC_LEAD_CROWD_MAX_NS ? crowd : TC_LEAD_CROWD_MAX_NS));
-    atomic_store(&g_switch, sw);
-}

@@ -104,7 +104,7 @@ static void slot_self_prearm(tc_slot *s, int64_t now)
     }
     if (g_hook_mode != HOOK_TRACE || !accel_on(ACCEL_PREARM) || s->pending != NULL ||
         atomic_load(&s->shield) != 0 || atomic_load(&s->state) != SLOT_ARMED ||
-        d == TC_NEVER || d - now > atomic_load(&g_lead))
+        d == TC_NEVER || d - now > anticipation_lead())
         return;
     atomic_store(&s->prearmed, 1);
     if (hook_arm(s, PyThreadState_Get()) < 0) {

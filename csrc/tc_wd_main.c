@@ -115,7 +115,7 @@ static void *wd_main(void *arg)
          * the exit it speeds up is short already. */
         int quiet = !TC_FREE_THREADED && !busy && t1 - t0 < TC_PREARM_QUIET_NS;
         if (ev.deadline != TC_NEVER)
-            wd_learn_crowd(t1 - t0);
+            anticipation_learn(t1 - t0);
         if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
             /* Early: pre-arm, and let the thread run on to fire its deadline
              * itself (tc_deliver.c: pre-armed slots); 3.12+ with a GIL only
@@ -132,7 +132,7 @@ static void *wd_main(void *arg)
             if (may_prearm && wd_prearm(ev.slot, ev.gen)) {
                 if (quiet)
                     prepare_before_due(ev.slot, ev.deadline);
-                refresh_switch_interval();
+                anticipation_refresh();
                 ts = PyEval_SaveThread();
                 continue;
             }
@@ -141,7 +141,7 @@ static void *wd_main(void *arg)
          * act at the deadline itself, holding the GIL up to it. */
         if (!TC_FREE_THREADED && ev.deadline != TC_NEVER && ev.deadline > t1 &&
             atomic_load(&ev.slot->gen) == ev.gen) {
-            if (!busy && t1 - t0 < atomic_load(&g_switch) / TC_REQUEUE_QUICK_DIV &&
+            if (!busy && t1 - t0 < anticipation_switch_ns() / TC_REQUEUE_QUICK_DIV &&
                 ev.deadline - t1 > TC_REQUEUE_MIN_LEFT_NS) {
                 /* The GIL came easily: the body releases it often (I/O).
                  * Holding it for the rest of the lead would stall the body;
@@ -166,7 +166,7 @@ static void *wd_main(void *arg)
         }
         wd_sweep(now_ns());
         hook_drain(); /* outside g_mu: it runs Python code (tc_hook_trace.c) */
-        refresh_switch_interval();
+        anticipation_refresh();
         ts = PyEval_SaveThread();
     }
     /* Here we hold the GIL: release the thread state made above with it. */
@@ -185,7 +185,7 @@ static int wd_ensure(int wait)
     int err;
     if (g_wd_running)
         return 0;
-    refresh_switch_interval();
+    anticipation_refresh();
     atomic_store(&g_wd_stop, 0);
     atomic_store(&g_wd_planned, 0);
     atomic_store(&g_wd_ready, 0);

@@ -23,8 +23,9 @@
  *                         pending call, deliver_async
  *   tc_slot.c             slots, scope stacks, the delivery state machine
  *   tc_unraisable.c       an interrupt CPython dropped: learn where, resend
+ *   accel_anticipation.c  accelerator anticipation: the watchdog's lead
  *   tc_watchdog.c         the watchdog's state, schedule and fire-time
- *                         sweep, GIL anticipation
+ *                         sweep
  *   accel_placement_rescue.c  accelerators placement and rescue: where
  *                         the watchdog thread runs
  *   accel_fast_window.c   accelerator fast_window: the switch interval
@@ -57,6 +58,7 @@
 #include "tc_deliver_steps.c"
 #include "tc_slot.c"
 #include "tc_unraisable.c"
+#include "accel_anticipation.c"
 #include "tc_watchdog.c"
 #include "accel_placement_rescue.c"
 #include "accel_fast_window.c"
