@@ -45,7 +45,6 @@
  * point where the core decides to use it):
  *   prearm           tc_wd_fire.c: wd_prearm, slot_self_prearm;
  *                    tc_deliver.c: prearm_lead (free-threaded: no lead)
- *   sleeping_tracer  tc_hook_trace.c: hook_sleep
  */
 #ifndef TC_ACCEL_H
 #define TC_ACCEL_H
@@ -197,6 +196,46 @@ static void rescue_arm(struct tc_slot *s, uint64_t gen, int64_t deadline);
  * Async-signal-safe: atomics, getcpu, a try-locked sched_setaffinity of
  * the watchdog, a futex wake, sched_yield. */
 static void rescue_on_signal(struct tc_slot *s);
+
+/* -- sleeping_tracer (accel_sleeping_tracer.c) -------------------------------
+ * 3.11: a pre-armed thread's tracer in place but asleep (its cframe's
+ * use_tracing 0) until its deadline, when its own timer's signal wakes it.
+ * Every hook exists on every build; without TC_HOOK_TRACE they do nothing. */
+
+/* Per slot (3.11 only: embedded under TC_HOOK_TRACE).  `dormant` and
+ * `waking` are the handshake with the signal handler (the file's Races). */
+struct sleeping_tracer_slot {
+    _Atomic int dormant;  /* in place, off until the deadline             */
+    _Atomic int waking;   /* the thread's handler is turning it on        */
+    PyThreadState *ts;    /* whose (the slot's thread's own)              */
+};
+
+/* GIL, right after the pre-arm's hook_arm (the watchdog, or the slot's
+ * thread at its scope's entry): put the tracer to sleep until `deadline`,
+ * the slot's timer set for it.  Nothing if someone else's tracer or
+ * profiler is there, or if the accelerator is off. */
+static void sleeping_tracer_sleep(struct tc_slot *s, PyThreadState *t, int64_t deadline);
+
+#if TC_HOOK_TRACE
+/* GIL (tc_hook_trace.c: hook_arm, hook_disarm, hook_nudge): no longer
+ * asleep; with `on`, it traces from the thread's next instruction. */
+static void sleeping_tracer_wake(struct tc_slot *s, PyThreadState *t, int on);
+#endif
+
+/* The signal handler (tc_os.c: tc_handler), in slot `s`'s thread, for a
+ * signal of its timer: 1 if it was the tracer's alarm (it woke it), 0 if
+ * not (the rescue's backstop, a kick).  Async-signal-safe: atomics, a clock
+ * read, a relaxed read of the GIL's holder, timer_settime, a futex wake,
+ * and one byte store into the thread's own cframe. */
+static int sleeping_tracer_on_signal(struct tc_slot *s);
+
+/* GIL (slot_publish, slot_self_prearm): the slot's effective deadline
+ * changed to `d`; a sleeping tracer's alarm follows it.  1 if the slot's
+ * timer is the alarm's (the core then leaves the backstop alone). */
+static int sleeping_tracer_follow(struct tc_slot *s, int64_t d);
+
+/* Any thread, no lock (the planner, wd_notify): is the tracer asleep? */
+static int sleeping_tracer_asleep(struct tc_slot *s);
 
 /* -- direct_delivery (accel_direct_delivery.c) -------------------------------
  * 3.11 and 3.12: an interrupt for a thread paused at a loop's back-edge,

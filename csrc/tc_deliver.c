@@ -319,27 +319,3 @@ static void prearm_fire(tc_slot *s)
     }
 }
 
-/* The slot's effective deadline changed to `d` (tc_slot.c: slot_publish; a
- * reschedule, a cancel, a scope's entry or exit): a sleeping tracer's alarm
- * (3.11, below) follows it (a cancel: at once).  Returns 1 if the timer is
- * the alarm's. */
-static int hook_alarm_follows(tc_slot *s, int64_t d)
-{
-#if TC_HOOK_TRACE
-    return atomic_load(&s->dormant) && d != TC_NEVER &&
-           timer_set_at(s, atomic_load(&s->gen), d) == 0;
-#else
-    (void)s;
-    (void)d;
-    return 0;
-#endif
-}
-
-#if !TC_HOOK_TRACE
-/* The slot's thread, in its signal handler: only 3.11's tracer sleeps. */
-static int hook_wake_here(tc_slot *s)
-{
-    (void)s;
-    return 0;
-}
-#endif

@@ -13,7 +13,7 @@
  * interpreter-wide events on and off under g_arm_mu (tc_lock.h), from the
  * deliverer or the slot's thread; free-threaded, the watchdog switches them
  * off once idle (hook_idle_off).  Nothing here runs in a signal handler
- * (with this hook, tc_deliver.c's hook_wake_here returns 0).
+ * (with this hook, sleeping_tracer_on_signal returns 0).
  */
 
 #if !TC_HOOK_TRACE /* sys.monitoring */

@@ -148,10 +148,7 @@ typedef struct tc_slot {
     PyObject *prev_traceobj;       /* (strong)                            */
     PyObject *op_frame;            /* frame whose opcode events the
                                       backstop turned on (strong), or NULL */
-    /* The sleeping tracer (tc_hook_trace.c: hook_sleep). */
-    _Atomic int dormant;           /* in place, off until the deadline     */
-    _Atomic int waking;            /* the thread's handler is turning it on */
-    PyThreadState *sleep_ts;       /* whose (the slot's thread's own)      */
+    struct sleeping_tracer_slot sleeper; /* accelerator sleeping_tracer's */
 #endif
 #if TC_JUMP_DEFER_BUILD
     PyObject *insn_code;           /* code object whose INSTRUCTION events
@@ -247,7 +244,6 @@ static void slot_wake_and_kick(struct tc_slot *s);
 /* tc_watchdog.c */
 static void wd_wake(void);
 static void wd_notify(struct tc_slot *s, int64_t deadline, int64_t now);
-static int hook_wake_here(struct tc_slot *s);
 static int wd_ensure(int wait);
 static int wd_running(void);
 

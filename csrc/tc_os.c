@@ -104,7 +104,7 @@ static int os_short_slice(uint64_t ns)
  * restores errno and counts the signal (a relaxed atomic).  Its second: a
  * signal from the thread's own timer (si_value: its slot) may be, on 3.11,
  * the alarm that wakes the thread's sleeping tracer at its deadline
- * (tc_hook_trace.c: hook_wake_here: atomics, a clock read, one byte store
+ * (sleeping_tracer_on_signal: atomics, a clock read, one byte store
  * into this thread's cframe, timer_settime, a futex wake), or else the
  * watchdog's backstop (rescue_on_signal: atomics, getcpu, a try-locked
  * sched_setaffinity of the watchdog, a futex wake, sched_yield).  No lock,
@@ -118,7 +118,7 @@ static void tc_handler(int signo, siginfo_t *si, void *uc)
     (void)uc;
     STAT_INC(signals_seen);
     if (si != NULL && si->si_code == SI_TIMER && si->si_value.sival_ptr != NULL &&
-        !hook_wake_here((tc_slot *)si->si_value.sival_ptr)) /* not a sleeping tracer's alarm */
+        !sleeping_tracer_on_signal((tc_slot *)si->si_value.sival_ptr)) /* not its alarm */
         rescue_on_signal((tc_slot *)si->si_value.sival_ptr);
     errno = saved;
 }

@@ -54,7 +54,7 @@ static void slot_publish(tc_slot *s)
     if (atomic_load(&s->state) != SLOT_INJECTED)
         atomic_store(&s->state, d == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
     atomic_fetch_add(&s->gen, 1);
-    if (!hook_alarm_follows(s, d))
+    if (!sleeping_tracer_follow(s, d))
         timer_backstop_off(s); /* for the deadline it had: wd_notify arms anew */
     wd_notify(s, d, 0);
 }

@@ -39,18 +39,6 @@ static void wd_wake(void)
     futex_wake_all(&g_wd_seq);
 }
 
-/* Is slot s's tracer asleep until its deadline (tc_hook_trace.c: hook_sleep;
- * any thread, no lock)? */
-static inline int slot_asleep(tc_slot *s)
-{
-#if TC_HOOK_TRACE
-    return atomic_load(&s->dormant);
-#else
-    (void)s;
-    return 0;
-#endif
-}
-
 /* Slot s's deadline may have moved earlier: wake the watchdog if it means to
  * sleep past the moment it must ask for the GIL (free-threaded: pre-arm).
  * The watchdog may not get a CPU (tc_tuning.h: TC_BACKSTOP_NS), and then
@@ -72,7 +60,7 @@ static void wd_notify(tc_slot *s, int64_t deadline, int64_t now)
      * at the grace's end (the alarm wakes the tracer, the handler the
      * watchdog if need be) */
     int64_t need = !atomic_load(&s->prearmed) ? deadline - anticipation_lead() - prearm_lead()
-                   : slot_asleep(s)           ? deadline + TC_PREARM_GRACE_NS
+                   : sleeping_tracer_asleep(s) ? deadline + TC_PREARM_GRACE_NS
                                               : deadline;
     int wake = need < planned;
     if (atomic_load(&s->alive) && (wake || planned <= (now != 0 ? now : now_ns())))
@@ -169,12 +157,12 @@ static wd_event wd_plan(int64_t *fast_until, int64_t *look_at)
          * deadline the window stays shut for it: the watchdog looks again
          * at the deadline itself (look_at) -- or, for a sleeping tracer,
          * the thread's alarm handler wakes it if the thread is off the GIL
-         * (tc_deliver.c: hook_wake_here).  No window, no look
+         * (sleeping_tracer_on_signal).  No window, no look
          * (free-threaded). */
         if (atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->prearmed)) {
             int64_t d = atomic_load(&s->deadline);
             if (d > now) {
-                if (d < *look_at && !slot_asleep(s) && tc_lower_switch_supported())
+                if (d < *look_at && !sleeping_tracer_asleep(s) && tc_lower_switch_supported())
                     *look_at = d;
             }
             else if ((fu = d + TC_PREARM_GRACE_NS) > *fast_until && !slot_holds_gil(s))

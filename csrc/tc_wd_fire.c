@@ -67,9 +67,7 @@ static int wd_prearm(tc_slot *s, uint64_t gen)
             else if (!atomic_load(&s->prearmed) && s->pending == NULL)
                 hook_disarm(s, slot_tstate(s)); /* the scope ended while arming */
             else {
-#if TC_HOOK_TRACE
-                hook_sleep(s, t, atomic_load(&s->deadline)); /* until the deadline */
-#endif
+                sleeping_tracer_sleep(s, t, atomic_load(&s->deadline)); /* until then */
                 ok = 1;
             }
         }
@@ -87,7 +85,7 @@ static int wd_prearm(tc_slot *s, uint64_t gen)
  * process opening the fast window for that take, which stayed open to the
  * deadline.  The thread arms its tracer itself instead, here, where it
  * holds the GIL anyway, asleep until the deadline (tc_hook_trace.c:
- * hook_sleep), and the watchdog is not needed before the grace's end.
+ * sleeping_tracer_sleep), and the watchdog is not needed before the grace's end.
  * Before wd_notify, which then does not wake it.  Already pre-armed (a
  * nested block with an earlier deadline): the alarm moves to the new
  * deadline.  Costs such a block a tracer set and put back and an alarm
@@ -99,7 +97,7 @@ static void slot_self_prearm(tc_slot *s, int64_t now)
 {
     int64_t d = atomic_load(&s->deadline);
     if (atomic_load(&s->prearmed)) { /* a nested block's earlier deadline */
-        (void)hook_alarm_follows(s, d);
+        (void)sleeping_tracer_follow(s, d);
         return;
     }
     if (g_hook_mode != HOOK_TRACE || !accel_on(ACCEL_PREARM) || s->pending != NULL ||
@@ -111,7 +109,7 @@ static void slot_self_prearm(tc_slot *s, int64_t now)
         atomic_store(&s->prearmed, 0);
         return;
     }
-    hook_sleep(s, PyThreadState_Get(), d);
+    sleeping_tracer_sleep(s, PyThreadState_Get(), d);
     STAT_INC(prearms);
 }
 

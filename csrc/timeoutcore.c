@@ -14,8 +14,9 @@
  *                         no interrupt may surface in
  *   tc_deliver.c          safe delivery: the rule, protected code,
  *                         pre-armed slots
- *   tc_hook_trace.c       the hook on 3.11: a per-thread tracer, asleep
- *                         until the deadline when pre-armed
+ *   tc_hook_trace.c       the hook on 3.11: a per-thread tracer
+ *   accel_sleeping_tracer.c  accelerator sleeping_tracer: 3.11's tracer
+ *                         asleep until the deadline
  *   tc_hook_monitoring.c  the hook on 3.12+: a sys.monitoring tool
  *   accel_direct_delivery.c  accelerator direct_delivery: an interrupt
  *                         sent at a paused thread's back-edge, no hook
@@ -53,6 +54,7 @@
 #include "tc_guarded.c"
 #include "tc_deliver.c"
 #include "tc_hook_trace.c"
+#include "accel_sleeping_tracer.c"
 #include "tc_hook_monitoring.c"
 #include "accel_direct_delivery.c"
 #include "tc_deliver_steps.c"

@@ -83,7 +83,8 @@
  *   thread's own kernel timer (SI_TIMER, si_value = its slot; slots are
  *   never freed) it may also do, all without a lock, allocation or Python
  *   API call:
- *   - 3.11, the sleeping tracer's alarm (tc_hook_trace.c: hook_wake_here):
+ *   - 3.11, the sleeping tracer's alarm (accel_sleeping_tracer.c:
+ *     sleeping_tracer_on_signal):
  *     atomic loads and stores on the slot, clock_gettime, one relaxed byte
  *     store into its own thread's cframe->use_tracing (a CPython tracing
  *     field; the races with other writers are set out there), a relaxed
