@@ -15,7 +15,7 @@
  * thread down its tracing path, not only the line events: a CPU loop runs
  * several times slower with ours armed.  A pre-armed thread had it on from
  * the pre-arm -- a lead ahead of the deadline, or the block's entry when
- * the deadline is nearer (tc_wd_fire.c: slot_self_prearm) -- to the
+ * the deadline is nearer (prearm_on_enter) -- to the
  * deadline: in a pool under frequent short deadlines, most of what the
  * deadlines cost the pool (bench_contention.py
  * test_cpu_pool_under_deadlines).  So a pre-arm
@@ -34,7 +34,7 @@
  * C stack, tstate->cframe), written by CPython with the GIL: by the thread
  * when it enters or leaves an eval loop (copied from, then back to, the
  * enclosing one) and by _PyEval_SetTrace, which another thread may call for
- * it while it waits for the GIL (ours: wd_prearm, deliver_async).  The
+ * it while it waits for the GIL (ours: prearm_ahead, deliver_async).  The
  * handler runs in the thread itself, so against the thread's own code it
  * can only interrupt it: (a) between a new eval loop's copy of the byte and
  * its publishing of its cframe, or between an exit's restoring the old

@@ -43,8 +43,6 @@
  *
  * Where each is switched, for those not in a file of their own yet (the
  * point where the core decides to use it):
- *   prearm           tc_wd_fire.c: wd_prearm, slot_self_prearm;
- *                    tc_deliver.c: prearm_lead (free-threaded: no lead)
  */
 #ifndef TC_ACCEL_H
 #define TC_ACCEL_H
@@ -197,6 +195,34 @@ static void rescue_arm(struct tc_slot *s, uint64_t gen, int64_t deadline);
  * the watchdog, a futex wake, sched_yield. */
 static void rescue_on_signal(struct tc_slot *s);
 
+/* -- prearm (accel_prearm.c) -------------------------------------------------
+ * The delivery hook armed ahead of a deadline; the guarded thread fires its
+ * own deadline at its first line boundary past it, and the watchdog fires
+ * it only at the grace's end.  With a GIL it needs anticipation (the
+ * watchdog holds the GIL ahead); the sleeping tracer and the placement
+ * need it. */
+
+/* The watchdog holding the GIL (free-threaded: attached) ahead of slot
+ * `s`'s deadline of generation `gen`, no lock of ours: arm the hook.  1 if
+ * armed (the watchdog lets the GIL go and comes back at the grace's end). */
+static int prearm_ahead(struct tc_slot *s, uint64_t gen);
+
+/* 3.11, the slot's own thread at a scope's entry that set its deadline,
+ * GIL held, before wd_notify: a deadline nearer than the lead is pre-armed
+ * here (the tracer asleep until it).  Nothing on other builds. */
+static void prearm_on_enter(struct tc_slot *s, int64_t now);
+
+/* Any thread, no lock: how long before a deadline the watchdog arms the
+ * hook (free-threaded; 0 with a GIL, or off). */
+static int64_t prearm_lead(void);
+
+/* The delivery hook, in the guarded thread, at a line boundary: is the
+ * slot pre-armed and due (no lock; free-threaded it notes the thread's CPU
+ * for the placement)?  Then prearm_fire, with the GIL / core lock, fires it
+ * here. */
+static inline int prearm_due(struct tc_slot *s);
+static void prearm_fire(struct tc_slot *s);
+
 /* -- sleeping_tracer (accel_sleeping_tracer.c) -------------------------------
  * 3.11: a pre-armed thread's tracer in place but asleep (its cframe's
  * use_tracing 0) until its deadline, when its own timer's signal wakes it.
@@ -229,7 +255,7 @@ static void sleeping_tracer_wake(struct tc_slot *s, PyThreadState *t, int on);
  * and one byte store into the thread's own cframe. */
 static int sleeping_tracer_on_signal(struct tc_slot *s);
 
-/* GIL (slot_publish, slot_self_prearm): the slot's effective deadline
+/* GIL (slot_publish, prearm_on_enter): the slot's effective deadline
  * changed to `d`; a sleeping tracer's alarm follows it.  1 if the slot's
  * timer is the alarm's (the core then leaves the backstop alone). */
 static int sleeping_tracer_follow(struct tc_slot *s, int64_t d);

@@ -239,21 +239,7 @@ static void deliver_pending(tc_slot *s, int async_self);
 static void deliver_pending_here(tc_slot *s);
 static int slot_fire(tc_slot *s, int64_t now, int local); /* tc_slot.c */
 
-/* -- Pre-armed slots ----------------------------------------------------------
- * The watchdog may arm the hook shortly before a deadline (wd_prearm,
- * tc_wd_fire.c) instead of waiting to act at the deadline itself: with a
- * GIL it has taken the GIL ahead of the deadline anyway (anticipation) and
- * used to hold it up to the deadline, which stalled the whole process and
- * left the guarded thread asleep, to be woken by the GIL hand-off (an OS
- * wake-up, then a cold cache); free-threaded, arming stops the world, which
- * on a busy machine waits for every busy thread to be scheduled.  Pre-armed, the
- * guarded thread, while it runs Python, fires its own deadline at its first
- * line boundary past it (the same slot_fire as the watchdog's, then the
- * same safe-point checks, deliver_here), and nothing waits for another
- * thread.  The watchdog still fires the slot TC_PREARM_GRACE_NS after the
- * deadline if the thread has not (blocked in C, or not scheduled), with
- * its kick.  Whoever is first fires (the state moves to INJECTED under the
- * GIL / core lock); the other finds nothing to do. */
+/* -- Pre-armed slots: accelerator prearm (accel_prearm.c) ------------------- */
 
 /* How long switching the delivery events lately took: a maximum that decays
  * by 1/TC_EVENTS_COST_DECAY a switch.  Free-threaded, each switch stops the
@@ -263,19 +249,6 @@ static int slot_fire(tc_slot *s, int64_t now, int local); /* tc_slot.c */
  * whoever switched (a lost update between two of them only costs one
  * sample). */
 static _Atomic int64_t g_events_cost_ns;
-
-/* How long before a deadline the watchdog arms the hook (free-threaded). */
-static int64_t prearm_lead(void)
-{
-#if TC_FREE_THREADED
-    int64_t lead = TC_PREARM_LEAD_STOPS * atomic_load(&g_events_cost_ns);
-    return !accel_on(ACCEL_PREARM)        ? 0 /* none: the watchdog comes at the deadline */
-           : lead < TC_PREARM_LEAD_MIN_NS ? TC_PREARM_LEAD_MIN_NS
-           : lead > TC_PREARM_LEAD_MAX_NS ? TC_PREARM_LEAD_MAX_NS : lead;
-#else
-    return 0;
-#endif
-}
 
 /* The slot's own thread notes the CPU it runs on, for the watchdog
  * (sched_getcpu reads the kernel's rseq area, a load; stored only when it
@@ -287,35 +260,4 @@ static inline void slot_note_cpu(tc_slot *s)
         atomic_store_explicit(&s->cpu, cpu, memory_order_relaxed);
 }
 
-/* The hook's test, any thread, no lock: pre-armed and due?  Free-threaded,
- * a pre-armed slot's thread also notes its CPU here for the watchdog
- * (tc_tuning.h: TC_PIN_AHEAD_NS). */
-static inline int prearm_due(tc_slot *s)
-{
-    if (!atomic_load(&s->prearmed))
-        return 0;
-#if TC_FREE_THREADED
-    slot_note_cpu(s);
-#endif
-    return atomic_load(&s->shield) == 0 && atomic_load(&s->deadline) <= now_ns();
-}
-
-/* Owner thread, GIL / core lock: fire a pre-armed, due slot here.  Pending
- * here: no kick.  The fast window stays open until the exit claims it (it
- * is open for the pre-arm's grace already): the exit runs Python -- the
- * exception's construction -- and a thread asked to give the GIL away there
- * must get it back within the window, not a whole user interval later
- * behind every busy thread (what a closed window cost such an exit). */
-static void prearm_fire(tc_slot *s)
-{
-    int64_t now = now_ns();
-    if (s->pending == NULL && atomic_load(&s->prearmed) && /* else nothing to fire */
-        atomic_load(&s->state) == SLOT_ARMED && slot_fire(s, now, 0)) {
-        atomic_store(&s->fast_until, now + TC_FAST_HOLD_NS);
-        STAT_INC(self_fires);
-#if TC_FREE_THREADED
-        placement_step_aside();
-#endif
-    }
-}
 

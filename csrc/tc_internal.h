@@ -127,7 +127,7 @@ typedef struct tc_slot {
     _Atomic int prearmed;          /* the watchdog armed the hook ahead of
                                       the deadline: the owner fires itself
                                       at its first line boundary past
-                                      `deadline` (set by wd_prearm; cleared
+                                      `deadline` (set by prearm_ahead; cleared
                                       by any fire, by the owner's exit and
                                       by deliver_cancel)                   */
     _Atomic int cpu;               /* the CPU the owner last noted running

@@ -306,9 +306,7 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
             atomic_store(&s->state,
                          atomic_load(&s->deadline) == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
         atomic_fetch_add(&s->gen, 1);
-#if TC_HOOK_TRACE
-        slot_self_prearm(s, now);
-#endif
+        prearm_on_enter(s, now);
         wd_notify(s, sc->deadline, now);
     }
     Py_INCREF(self);

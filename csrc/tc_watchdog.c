@@ -55,7 +55,7 @@ static void wd_notify(tc_slot *s, int64_t deadline, int64_t now)
     if (deadline == TC_NEVER)
         return;
     int64_t planned = atomic_load(&g_wd_planned);
-    /* a slot its own thread pre-armed (slot_self_prearm) needs no lead: the
+    /* a slot its own thread pre-armed (prearm_on_enter) needs no lead: the
      * watchdog looks at the deadline (wd_plan), or, while its tracer sleeps,
      * at the grace's end (the alarm wakes the tracer, the handler the
      * watchdog if need be) */
@@ -95,7 +95,7 @@ static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadl
             return w;
         if (remote)
             return d;
-        return atomic_load(&s->prearmed) ? d + TC_PREARM_GRACE_NS /* wd_prearm */
+        return atomic_load(&s->prearmed) ? d + TC_PREARM_GRACE_NS /* prearm_ahead */
                                          : d - lead - prearm_lead();
     }
     if (st == SLOT_INJECTED)

@@ -129,7 +129,7 @@ static void *wd_main(void *arg)
             if (may_prearm)
                 wd_prune_slot(ev.slot);
 #endif
-            if (may_prearm && wd_prearm(ev.slot, ev.gen)) {
+            if (may_prearm && prearm_ahead(ev.slot, ev.gen)) {
                 if (quiet)
                     prepare_before_due(ev.slot, ev.deadline);
                 anticipation_refresh();

@@ -32,6 +32,8 @@
  *   accel_fast_window.c   accelerator fast_window: the switch interval
  *                         lowered while a deadline needs the GIL
  *   tc_wd_fire.c          taking the GIL, pre-arm
+ *   accel_prearm.c        accelerator prearm: the hook armed ahead, the
+ *                         thread fires its own deadline
  *   accel_prepare.c       accelerator prepare: the exception built ahead
  *   accel_self_fire.c     accelerator self_fire: the watch of a thread that
  *                         holds the GIL, and its pending call
@@ -65,6 +67,7 @@
 #include "accel_placement_rescue.c"
 #include "accel_fast_window.c"
 #include "tc_wd_fire.c"
+#include "accel_prearm.c"
 #include "accel_prepare.c"
 #include "accel_self_fire.c"
 #include "tc_wd_main.c"
