@@ -88,3 +88,9 @@ static void anticipation_figures(int64_t *lead, int64_t *switch_ns, int64_t *cro
     *switch_ns = atomic_load(&g_ant.switch_ns);
     *crowd_ns = atomic_load(&g_ant.crowd_ns);
 }
+
+/* At import (tc_accel.h). */
+static const char *anticipation_unsupported(void)
+{
+    return TC_FREE_THREADED ? "unsupported on this CPython (free-threaded: no GIL)" : NULL;
+}

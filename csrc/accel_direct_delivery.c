@@ -71,3 +71,9 @@ static int direct_delivery_try(tc_slot *s, PyThreadState *t, PyObject *exc, PyOb
     return 0;
 #endif
 }
+
+/* At import (tc_accel.h). */
+static const char *direct_delivery_unsupported(void)
+{
+    return TC_DIRECT_BACK_EDGE ? NULL : "unsupported on this CPython (3.11 and 3.12 only)";
+}

@@ -254,3 +254,9 @@ static void fast_window_after_fork(void)
     atomic_store(&g_fast.urgent_n, 0); /* only this thread is left: its own mark goes too */
     t_urgent = 0;
 }
+
+/* At import (tc_accel.h). */
+static const char *fast_window_unsupported(void)
+{
+    return TC_FREE_THREADED ? "unsupported on this CPython (free-threaded: no GIL)" : NULL;
+}

@@ -332,3 +332,15 @@ static void rescue_before_sleep(tc_slot *s, uint64_t gen, int64_t deadline)
         pthread_mutex_unlock(&g_mu);
     }
 }
+
+/* At import (tc_accel.h). */
+static const char *placement_unsupported(void)
+{
+    return TC_FREE_THREADED ? NULL : "unsupported on this CPython (free-threaded builds only)";
+}
+
+/* At import (tc_accel.h). */
+static const char *rescue_unsupported(void)
+{
+    return NULL;
+}

@@ -147,3 +147,9 @@ static void prearm_on_enter(tc_slot *s, int64_t now)
     (void)s, (void)now;
 }
 #endif
+
+/* At import (tc_accel.h). */
+static const char *prearm_unsupported(void)
+{
+    return NULL;
+}

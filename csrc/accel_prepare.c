@@ -68,3 +68,9 @@ static PyObject *prepare_take(Scope *sc)
 static void prepare_drop(Scope *sc) { Py_CLEAR(sc->prepare.exc); }
 
 static PyObject *prepare_peek(Scope *sc) { return sc->prepare.exc; }
+
+/* At import (tc_accel.h). */
+static const char *prepare_unsupported(void)
+{
+    return TC_FREE_THREADED ? "unsupported on this CPython (free-threaded: no GIL)" : NULL;
+}

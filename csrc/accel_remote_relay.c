@@ -352,3 +352,9 @@ static void remote_relay_atfork_child(void)
     for (tc_slot *s = g_slots; s != NULL; s = s->next)
         atomic_store(&s->relay.req, 0);
 }
+
+/* At import (tc_accel.h). */
+static const char *remote_relay_unsupported(void)
+{
+    return NULL;
+}

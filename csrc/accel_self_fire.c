@@ -391,3 +391,9 @@ static void self_fire_atfork_child(void)
         atomic_store(&s->self_fire.pc_queued, 0);
     }
 }
+
+/* At import (tc_accel.h). */
+static const char *self_fire_unsupported(void)
+{
+    return TC_SELF_FIRE ? NULL : "unsupported on this CPython (3.12+ with a GIL only)";
+}

@@ -153,3 +153,9 @@ static int sleeping_tracer_asleep(tc_slot *s)
     return 0;
 #endif
 }
+
+/* At import (tc_accel.h). */
+static const char *sleeping_tracer_unsupported(void)
+{
+    return TC_HOOK_TRACE ? NULL : "unsupported on this CPython (3.11's tracer only)";
+}

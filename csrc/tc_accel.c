@@ -33,27 +33,16 @@ static const char *const g_accel_names[ACCEL_N] = {
     "direct_delivery", "prepare", "placement", "rescue", "remote_relay",
 };
 
-/* Off in this build, and why (NULL: supported).  The compile-time
- * switches are tc_compat.h's. */
-static const char *accel_unsupported(int a)
-{
-    switch (a) {
-    case ACCEL_ANTICIPATION:
-    case ACCEL_FAST_WINDOW:
-    case ACCEL_PREPARE:
-        return TC_FREE_THREADED ? "unsupported on this CPython (free-threaded: no GIL)" : NULL;
-    case ACCEL_SELF_FIRE:
-        return TC_SELF_FIRE ? NULL : "unsupported on this CPython (3.12+ with a GIL only)";
-    case ACCEL_SLEEPING_TRACER:
-        return TC_HOOK_TRACE ? NULL : "unsupported on this CPython (3.11's tracer only)";
-    case ACCEL_DIRECT_DELIVERY:
-        return TC_DIRECT_BACK_EDGE ? NULL : "unsupported on this CPython (3.11 and 3.12 only)";
-    case ACCEL_PLACEMENT:
-        return TC_FREE_THREADED ? NULL : "unsupported on this CPython (free-threaded builds only)";
-    default:
-        return NULL;
-    }
-}
+/* Off in this build, and why (NULL: supported): each accelerator's own
+ * answer (tc_accel.h: <name>_unsupported, from tc_compat.h's switches). */
+static const char *(*const g_accel_unsupported[ACCEL_N])(void) = {
+    anticipation_unsupported,    fast_window_unsupported, self_fire_unsupported,
+    prearm_unsupported,          sleeping_tracer_unsupported, direct_delivery_unsupported,
+    prepare_unsupported,         placement_unsupported,   rescue_unsupported,
+    remote_relay_unsupported,
+};
+
+static const char *accel_unsupported(int a) { return g_accel_unsupported[a](); }
 
 /* Reads or writes CPython internals through tc_gil.c. */
 static int accel_uses_internals(int a)

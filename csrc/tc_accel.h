@@ -16,10 +16,13 @@
  *   Where.  Each accelerator lives in csrc/accel_<name>.c (the unity build
  *   includes it; timeoutcore.c lists them) and is called by the core only
  *   through the hooks declared below, at the named points of the core's
- *   path.  A hook whose accelerator is off does nothing and returns the
- *   core's own answer (0, TC_NEVER), so the core's path reads "core step;
- *   accelerator hooks", and with TIMEOUTCORE_ACCEL=none it is the core
- *   alone.  A hook never decides a fire and never changes a slot's state:
+ *   path.  A hook whose accelerator is off (or not built: every hook the
+ *   core calls unconditionally exists on every build) does nothing and
+ *   returns the core's own answer (0, TC_NEVER, the wake-up it was given),
+ *   so the core's path reads "core step; accelerator hooks", and with
+ *   TIMEOUTCORE_ACCEL=none it is the core alone.  Bookkeeping that only
+ *   reports runs either way (anticipation_learn's crowd, the remote arms
+ *   the registry makes, the watchdog's start set for a rescue).  A hook never decides a fire and never changes a slot's state:
  *   it calls the core's functions for that (slot_fire, slot_publish, ...),
  *   like any other caller.
  *   State.  An accelerator's process-wide state is one static struct in its
@@ -37,12 +40,17 @@
  *   be held, and whether it may run in the signal handler.  A hook that
  *   runs without the GIL touches no Python object; one called in the
  *   signal handler uses only atomics and async-signal-safe system calls.
- *   Import.  <name>_unsupported() is not a hook yet: which build supports
- *   which accelerator is one table in tc_accel.c (accel_unsupported),
- *   next to the dependencies between them.
+ *   Import.  <name>_unsupported(), each in its accelerator's file: at
+ *   import (tc_accel.c: accel_setup, GIL held, once), NULL if this build
+ *   can have it, else why not ("unsupported on this CPython (...)"), from
+ *   tc_compat.h's switches only.  Which ones need CPython internals or
+ *   another accelerator is tc_accel.c's (accel_uses_internals,
+ *   accel_needs): a decision across accelerators, made in one place.
  *
- * Where each is switched, for those not in a file of their own yet (the
- * point where the core decides to use it):
+ * Files: accel_anticipation.c, accel_fast_window.c, accel_self_fire.c,
+ * accel_prearm.c, accel_sleeping_tracer.c, accel_direct_delivery.c,
+ * accel_prepare.c, accel_placement_rescue.c (placement and rescue: one
+ * mechanism), accel_remote_relay.c.
  */
 #ifndef TC_ACCEL_H
 #define TC_ACCEL_H
@@ -66,6 +74,18 @@ static int g_accel_on[ACCEL_N]; /* accel_setup, once, before any reader */
 static inline int accel_on(int a) { return g_accel_on[a]; }
 
 static int accel_setup(void); /* tc_accel.c: at import, GIL held */
+
+/* At import, GIL held: NULL, or why this build cannot have it. */
+static const char *anticipation_unsupported(void);
+static const char *fast_window_unsupported(void);
+static const char *self_fire_unsupported(void);
+static const char *prearm_unsupported(void);
+static const char *sleeping_tracer_unsupported(void);
+static const char *direct_delivery_unsupported(void);
+static const char *prepare_unsupported(void);
+static const char *placement_unsupported(void);
+static const char *rescue_unsupported(void);
+static const char *remote_relay_unsupported(void);
 
 struct tc_slot;
 
