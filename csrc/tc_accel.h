@@ -22,9 +22,10 @@
  *   so the core's path reads "core step; accelerator hooks", and with
  *   TIMEOUTCORE_ACCEL=none it is the core alone.  Bookkeeping that only
  *   reports runs either way (anticipation_learn's crowd, the remote arms
- *   the registry makes, the watchdog's start set for a rescue).  A hook never decides a fire and never changes a slot's state:
- *   it calls the core's functions for that (slot_fire, slot_publish, ...),
- *   like any other caller.
+ *   the registry makes, the watchdog's start set for a rescue).  A hook
+ *   never moves a slot between states itself: a fire is the core's
+ *   slot_fire, a deadline change ends in the core's slot_publish, as for
+ *   any other caller.
  *   State.  An accelerator's process-wide state is one static struct in its
  *   own file.  What it keeps per slot or per scope is a struct of its own
  *   type, declared below with its hooks and embedded in tc_slot / Scope
@@ -34,6 +35,16 @@
  *   the accelerator's fork hook).  Its counters stay in g_st: stats() is
  *   the core's export, and its keys do not change with the file layout.
  *   Tuning constants stay in tc_tuning.h (one table).
+ *   Left in the core's structs, because the core reads or writes them
+ *   itself: tc_slot.prearmed (a delivery sub-state every fire clears, the
+ *   exit and deliver_cancel undo, the planner plans by), fast_until,
+ *   exit_until and linger_until (a fired interrupt on its way, a claiming
+ *   exit: the planner's looks read them), backstop_gen (the slot's kernel
+ *   timer, shared by the kick, the rescue's backstop and the sleeping
+ *   tracer's alarm), cpu (written by the thread for placement and the
+ *   self-fire's spin), tstate_id and async_pending (the thread-state
+ *   lookup; the fallback delivery direct delivery reuses), and the hook's
+ *   event-switching cost (tc_deliver.c), from which prearm_lead is made.
  *   Threads, GIL, signals.  Each hook below says who calls it, in which
  *   thread, with or without the GIL (free-threaded: the core lock,
  *   tc_lock.h, wherever "GIL" is written), which of the core's locks may

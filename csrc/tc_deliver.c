@@ -1,7 +1,7 @@
 /*
  * tc_deliver.c -- safe delivery: where a fired interrupt surfaces.  Part of
- * the unity build (timeoutcore.c).  This file: the rule (below), the
- * protected-code check and pre-armed slots; the hook itself is in
+ * the unity build (timeoutcore.c).  This file: the rule (below) and the
+ * protected-code check (pre-armed slots: accel_prearm.c); the hook itself is in
  * tc_hook_trace.c (3.11) or tc_hook_monitoring.c (3.12+), the decision at a
  * line boundary and every other delivery step in tc_deliver_steps.c.
  *
@@ -239,15 +239,15 @@ static void deliver_pending(tc_slot *s, int async_self);
 static void deliver_pending_here(tc_slot *s);
 static int slot_fire(tc_slot *s, int64_t now, int local); /* tc_slot.c */
 
-/* -- Pre-armed slots: accelerator prearm (accel_prearm.c) ------------------- */
+/* -- What the hook measures, and the thread's CPU ----------------------------- */
 
 /* How long switching the delivery events lately took: a maximum that decays
  * by 1/TC_EVENTS_COST_DECAY a switch.  Free-threaded, each switch stops the
  * world, and the watchdog pre-arms TC_PREARM_LEAD_STOPS times that long
- * ahead of a deadline (prearm_lead), so that the stop is over -- and the
- * guarded thread runs again -- before the deadline; with a GIL a switch is cheap and only reported.  Written by
- * whoever switched (a lost update between two of them only costs one
- * sample). */
+ * ahead of a deadline (accel_prearm.c: prearm_lead), so that the stop is
+ * over -- and the guarded thread runs again -- before the deadline; with a
+ * GIL a switch is cheap and only reported.  Written by whoever switched (a
+ * lost update between two of them only costs one sample). */
 static _Atomic int64_t g_events_cost_ns;
 
 /* The slot's own thread notes the CPU it runs on, for the watchdog

@@ -12,16 +12,14 @@
  *                         kick
  *   tc_guarded.c          which code a scope guards (wrapper scopes), code
  *                         no interrupt may surface in
- *   tc_deliver.c          safe delivery: the rule, protected code,
- *                         pre-armed slots
+ *   tc_deliver.c          safe delivery: the rule, protected code
  *   tc_hook_trace.c       the hook on 3.11: a per-thread tracer
  *   accel_sleeping_tracer.c  accelerator sleeping_tracer: 3.11's tracer
  *                         asleep until the deadline
  *   tc_hook_monitoring.c  the hook on 3.12+: a sys.monitoring tool
  *   accel_direct_delivery.c  accelerator direct_delivery: an interrupt
  *                         sent at a paused thread's back-edge, no hook
- *   tc_deliver_steps.c    the decision at a line boundary, the self-fire's
- *                         pending call, deliver_async
+ *   tc_deliver_steps.c    the decision at a line boundary, deliver_async
  *   tc_slot.c             slots, scope stacks, the delivery state machine
  *   tc_unraisable.c       an interrupt CPython dropped: learn where, resend
  *   accel_anticipation.c  accelerator anticipation: the watchdog's lead
@@ -31,13 +29,13 @@
  *                         the watchdog thread runs
  *   accel_fast_window.c   accelerator fast_window: the switch interval
  *                         lowered while a deadline needs the GIL
- *   tc_wd_fire.c          taking the GIL, pre-arm
+ *   tc_wd_fire.c          taking the GIL
  *   accel_prearm.c        accelerator prearm: the hook armed ahead, the
  *                         thread fires its own deadline
  *   accel_prepare.c       accelerator prepare: the exception built ahead
  *   accel_self_fire.c     accelerator self_fire: the watch of a thread that
  *                         holds the GIL, and its pending call
- *   tc_wd_main.c          the watchdog's loop, placement, start and stop
+ *   tc_wd_main.c          the watchdog's loop, start and stop
  *   accel_remote_relay.c  accelerator remote_relay: remote cancels read
  *                         off the registry's control channel
  *   tc_scope.c            the Scope type: construction, enter and exit
