@@ -1,9 +1,10 @@
 /*
  * tc_deliver.c -- safe delivery: where a fired interrupt surfaces.  Part of
  * the unity build (timeoutcore.c).  This file: the rule (below) and the
- * protected-code check (pre-armed slots: accel_prearm.c); the hook itself is in
- * tc_hook_trace.c (3.11) or tc_hook_monitoring.c (3.12+), the decision at a
- * line boundary and every other delivery step in tc_deliver_steps.c.
+ * protected-code check (pre-armed slots: accel_prearm.c); the hook itself
+ * is in tc_hook_trace.c (3.11) or tc_hook_monitoring.c (3.12+), the
+ * decision at a line boundary and every other delivery step in
+ * tc_deliver_steps.c.
  *
  * Why: an asynchronous exception surfaces at the guarded thread's next
  * eval-breaker check, wherever that is -- inside logging.Handler.acquire()
