@@ -1,5 +1,5 @@
 """A busy pool: how late a deadline lands when other threads run CPU-bound Python, and
-what the fast window (csrc/tc_fast_window.c) costs the pool.
+what the fast window (csrc/accel_fast_window.c) costs the pool.
 
 - ``test_contention_overshoot``: a 50 ms deadline on a CPU loop in a pool worker while 1,
   3 or 7 other threads spin in Python, for timeoutcore, the ``threading.Timer`` +

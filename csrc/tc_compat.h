@@ -468,7 +468,7 @@ static inline int tc_back_edge_in_loop(PyFrameObject *f)
 /* -- Raising from a pending call at a back-edge (3.12+, with a GIL) -----------
  * A thread that holds the GIL at its deadline fires it itself, from a
  * pending call (tc_gil.c) that its eval loop runs at its next breaker check
- * (tc_deliver_steps.c: pc_fire).  An error returned from there surfaces at that
+ * (accel_self_fire.c: pc_fire).  An error returned from there surfaces at that
  * very instruction, as an asynchronous exception would -- no snapshot is
  * involved, the call runs inside the check.  It raises only at a loop's
  * back-edge (anywhere else -- a call that just returned, a function's

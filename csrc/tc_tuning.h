@@ -221,8 +221,8 @@
  * watchdog to its own CPU and yields to it; the watchdog acts and goes back
  * to its own CPU set before it sleeps again.  Long enough that a watchdog
  * that runs never needs it.  Bench: bench_overshoot.py test_overshoot (the
- * tail of a short deadline in a quiet worker); tests/test_watchdog.py pins
- * the rescue itself (a watchdog behind a real-time hog). */
+ * tail of a short deadline in a quiet worker); the rescue itself is pinned
+ * by tests/accelerators/test_rescue.py (a watchdog behind a real-time hog). */
 #define TC_BACKSTOP_NS 300000LL             /* 300 us                        */
 
 /* -- remote_relay --------------------------------------------------------------- */

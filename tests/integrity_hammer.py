@@ -13,7 +13,7 @@ held or an invariant half-done; this workload goes through each of them all the 
 With the native core, a fifth of the tasks may also be cancelled "remotely", the way the Redis
 registry's cancels arrive: a sender thread writes cancel messages for random live (and
 just-ended) tokens to a socket, a listener waits on it with ``control=True``, and the core
-fires the tasks off the socket without the GIL (csrc/tc_remote.c).
+fires the tasks off the socket without the GIL (csrc/accel_remote_relay.c).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ atexit.register(core._shutdown)
 # fork: stop the watchdog before (no lock held across fork, and os.fork() on 3.12+ does
 # not count it as a thread), restart it in parent and child where a deadline is armed.
 def _after_fork_in_child() -> None:
-    core._remote_forget()  # the parent's jobs' remote arms (csrc/tc_remote.c)
+    core._remote_forget()  # the parent's jobs' remote arms (csrc/accel_remote_relay.c)
     core._ensure_watchdog()
 
 

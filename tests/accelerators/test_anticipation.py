@@ -1,6 +1,6 @@
-"""The GIL anticipation (csrc/tc_accel.h: refresh_switch_interval): the watchdog asks for
-the GIL one switch interval plus a margin ahead of a deadline, and earlier in a crowded
-process. Reads its state through ``_anticipation()``; skipped where it is off."""
+"""The GIL anticipation (csrc/accel_anticipation.c: anticipation_refresh, anticipation_lead):
+the watchdog asks for the GIL one switch interval plus a margin ahead of a deadline, and earlier
+in a crowded process. Reads its state through ``_anticipation()``; skipped where it is off."""
 
 from __future__ import annotations
 

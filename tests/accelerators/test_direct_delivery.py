@@ -1,4 +1,4 @@
-"""The direct delivery (csrc/tc_accel.h: deliver_direct; 3.11 and 3.12): a thread
+"""The direct delivery (csrc/accel_direct_delivery.c: direct_delivery_try; 3.11 and 3.12): a thread
 paused at its loop's back-edge meets an asynchronous exception first thing when it has the
 GIL back, so its interrupt is decided from outside and sent without arming the hook -- but
 never into protected code. Reads the delivery counters; skipped where it is off. What the

@@ -1,7 +1,7 @@
-"""The fast window (csrc/tc_accel.h: tc_switch_setup): the switch interval lowered while a deadline is
-due and the user's own value put back after; and a thread woken by its fd taking the GIL
-back within it. Reads the interval CPython reports and the window's counters; skipped where
-it is off."""
+"""The fast window (csrc/accel_fast_window.c; switched in tc_compat.h: tc_switch_setup): the
+switch interval lowered while a deadline is due and the user's own value put back after; and a
+thread woken by its fd taking the GIL back within it. Reads the interval CPython reports and the
+window's counters; skipped where it is off."""
 
 from __future__ import annotations
 

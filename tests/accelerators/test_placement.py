@@ -1,7 +1,7 @@
-"""The placement (csrc/tc_accel.h: wd_place, wd_step_aside; free-threaded builds only):
-ahead of a pre-armed deadline the watchdog moves to the guarded thread's CPU, and goes back
-to its own CPU set once nothing is pre-armed. Reads its counter and the watchdog's
-affinity; skipped where it is off."""
+"""The placement (csrc/accel_placement_rescue.c: placement_before_sleep, placement_step_aside;
+free-threaded builds only): ahead of a pre-armed deadline the watchdog moves to the guarded
+thread's CPU, and goes back to its own CPU set once nothing is pre-armed. Reads its counter and
+the watchdog's affinity; skipped where it is off."""
 
 from __future__ import annotations
 

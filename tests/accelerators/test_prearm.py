@@ -1,4 +1,4 @@
-"""The pre-arm (csrc/tc_accel.h: wd_prearm, slot_self_prearm): ahead of a deadline the
+"""The pre-arm (csrc/accel_prearm.c: prearm_ahead, prearm_on_enter): ahead of a deadline the
 watchdog arms the delivery hook and lets the thread run on, so it fires its deadline
 itself; a block that ends first takes the hook back. Reads its counters and lead; skipped
 where it is off."""

@@ -1,6 +1,6 @@
-"""The prepared exception (csrc/tc_accel.h: wd_prepare): ahead of a deadline the watchdog
-builds the scope's DeadlineExceeded; the exit takes its figures again, and a reschedule or a
-cancel drops it. Reads the scope's ``_prepared`` and the counter; skipped where it is off."""
+"""The prepared exception (csrc/accel_prepare.c: prepare_before_due): ahead of a deadline the
+watchdog builds the scope's DeadlineExceeded; the exit takes its figures again, and a reschedule
+or a cancel drops it. Reads the scope's ``_prepared`` and the counter; skipped where it is off."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The remote-cancel relay (csrc/tc_accel.h: _wait_readable, remote_peek): cancels
+"""The remote-cancel relay (csrc/accel_remote_relay.c: remote_relay_on_readable): cancels
 read off the registry's control socket without the GIL.
 
 The Redis registry's subscriber waits on its socket with ``_wait_readable(fd, t, True)``;
@@ -225,7 +225,7 @@ def test_next_to_busy_threads_the_gils_holder_fires_the_cancel(
         pair: tuple[socket.socket, socket.socket]) -> None:
     """A job that waits for the GIL when its cancel is read: the watchdog does not queue
     for the GIL behind the busy threads, it asks whichever thread holds it to fire the job
-    (csrc/tc_deliver_steps.c: pc_fire_for). With 3 spinning threads the job holds the GIL a
+    (csrc/accel_self_fire.c: pc_fire_for). With 3 spinning threads the job holds the GIL a
     quarter of the time, so a trial finds it waiting about one time in six: up to 150 trials
     (they stop at the first relay) make a run that never sees one a broken relay, not luck."""
     a, b = pair
@@ -342,7 +342,7 @@ def registry(redis_url: str) -> Iterator[Any]:
 @accelerated("remote_relay")
 def test_the_subscribers_wait_applies_a_cancel_off_its_socket(registry: Any) -> None:
     """The subscriber's wait reads the cancel without the GIL and the job stops from there
-    (csrc/tc_remote.c); the subscriber's own reading of the message then finds it stopped.
+    (csrc/accel_remote_relay.c); the subscriber's own reading of the message then finds it stopped.
     Same outcome as the Python path: DeadlineCancelled, status ``cancelled``, key gone."""
     from test_redis_registry import InThread, _url
     from redis_server import wait_for_job

@@ -1,4 +1,4 @@
-"""The rescue (csrc/tc_accel.h: timer_backstop, wd_rescue): a watchdog starved
+"""The rescue (csrc/accel_placement_rescue.c: rescue_arm, rescue_on_signal): a watchdog starved
 of its CPU is moved to the guarded thread's by that thread's backstop timer. Reads its
 counter; skipped where it is off."""
 

@@ -1,4 +1,4 @@
-"""The self-fire (csrc/tc_accel.h: wd_watch, pc_fire; 3.12+ with a GIL): a
+"""The self-fire (csrc/accel_self_fire.c: wd_watch, pc_fire; 3.12+ with a GIL): a
 thread that holds the GIL at its deadline fires it itself through a pending call, and one
 off the GIL is left to fire it once back. Reads its counters; skipped where it is off
 (where it is supported at all, 3.12+ with a GIL, 3.11 runs pending calls in the main thread
@@ -26,7 +26,7 @@ pytestmark = [native_only, accelerated("self_fire")]
 def test_a_thread_holding_the_gil_at_its_deadline_fires_it_itself() -> None:
     """A thread that holds the GIL when its deadline comes is stopped without the GIL
     changing hands: the watchdog queues a pending call, which the thread runs at its next
-    eval-breaker check and which raises at its loop's back-edge (csrc/tc_deliver_steps.c:
+    eval-breaker check and which raises at its loop's back-edge (csrc/accel_self_fire.c:
     pc_fire). The exception was built in the thread ahead of the deadline, by another such
     call. (A trial that lost the GIL before its deadline, on a loaded machine, is fired the
     usual way: one in twenty shows the path.)"""
@@ -88,7 +88,7 @@ def test_a_crowded_process_leaves_a_thread_off_the_gil_to_fire_itself() -> None:
     outside -- which held the GIL up to the deadline, and from 3.13 armed the hook, whose
     events slow every thread while the fired one waits for its turn: it kicks the thread,
     opens the fast window for it and waits for it to hold the GIL again, and the thread
-    fires itself (csrc/tc_wd_fire.c: wd_watch, "Off the GIL"). A thread not back within
+    fires itself (csrc/accel_self_fire.c: wd_watch, "Off the GIL"). A thread not back within
     5 ms is fired the usual way (csrc/tc_tuning.h: TC_WATCH_BACK_NS), as it should: on
     a loaded machine many are, so only the trials that ended within those 5 ms of their
     deadline are judged, and the trials go on until enough did."""
@@ -152,7 +152,7 @@ def test_a_loop_written_in_the_block_itself_is_stopped_by_the_self_fire(shape: s
 
 def test_a_thread_that_fires_itself_never_raises_inside_protected_code() -> None:
     """A thread that holds the GIL at its deadline runs the watchdog's pending call at its
-    next eval-breaker check, wherever that is (csrc/tc_deliver_steps.c: pc_fire). Inside a
+    next eval-breaker check, wherever that is (csrc/accel_self_fire.c: pc_fire). Inside a
     protected call it only asks to be run again, so the interrupt surfaces once the call
     has returned, at the caller's back-edge -- still by the pending call, no hook. (A trial
     whose thread lost the GIL meanwhile, to another test's leftover thread on a loaded

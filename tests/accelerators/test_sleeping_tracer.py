@@ -1,6 +1,6 @@
-"""3.11's sleeping tracer (csrc/tc_accel.h: hook_sleep): the tracer a pre-arm puts in
-place sleeps until the deadline, when the thread's own timer signal wakes it. Reads its
-counters; skipped where it is off (it exists on 3.11 only)."""
+"""3.11's sleeping tracer (csrc/accel_sleeping_tracer.c: sleeping_tracer_sleep): the tracer a
+pre-arm puts in place sleeps until the deadline, when the thread's own timer signal wakes it.
+Reads its counters; skipped where it is off (it exists on 3.11 only)."""
 
 from __future__ import annotations
 

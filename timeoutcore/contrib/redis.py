@@ -416,7 +416,7 @@ class DeadlineRegistry:
         without the GIL, it looks at the queued bytes (``control=True``): a cancel for a
         job of this process (armed in ``_enter``) stops it at once -- the watchdog fires
         it like a passed deadline -- and the message read here afterwards finds the job
-        stopped already (csrc/tc_remote.c)."""
+        stopped already (csrc/accel_remote_relay.c)."""
         connection = pubsub.connection
         sock = getattr(connection, "_sock", None)  # redis-py's socket; absent: no urgency
         if sock is None or connection.can_read(timeout=0):  # a message already buffered
@@ -442,7 +442,7 @@ class DeadlineRegistry:
         if op == "cancel":
             entry.scope.cancel()
             # The subscriber's wait may have cancelled the scope already, without the GIL
-            # (csrc/tc_remote.c): then cancel() found it expired and returned, and nothing
+            # (csrc/accel_remote_relay.c): then cancel() found it expired and returned, and nothing
             # told the job's patched waits (a socket read, a subprocess wait) that their stop
             # time moved -- they ran on to the old deadline. Wake them either way: a wait
             # woken for nothing re-reads its stop time and goes on.
