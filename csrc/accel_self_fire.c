@@ -27,11 +27,12 @@
  * that very instruction; at any other check (a call that just returned, a function's
  * RESUME) it queues itself again for the next one -- the same check runs it
  * again at once, up to CPython's per-check limit, which the remembered place
- * makes cheap.  Inside protected code, or while the collector runs (it may
- * run finalizers in this very check, after this call), it waits that way as
- * long as it takes (recording a deferral as the hook does); elsewhere, after
+ * makes cheap.  While the collector runs (it may run finalizers in this
+ * very check, after this call), it waits that way as long as it takes.  At
+ * a back-edge inside protected code it records the deferral and fires for
+ * the hook, which waits for the protected call to return; elsewhere, after
  * TC_PC_MAX_DECLINES checks none of which was a usable back-edge (code
- * without loops), it fires for the hook, which raises at the next line
+ * without loops), it fires for the hook too, which raises at the next line
  * boundary.
  *
  * Race analysis.  Everything here runs with the GIL, in the slot's own
@@ -129,17 +130,25 @@ static int pc_fire_here(tc_slot *s, int *again)
         else if (back > 0 && !interrupt_in_flight(PyThreadState_Get())) {
             usable = 1;
             Py_INCREF(cur); /* consumed */
-            if (!stack_defers(s, cur, due, now)) {
-                int64_t deferred = s->deferred_since != 0 ? now - s->deferred_since : 0;
-                if (slot_fire(s, now, 1)) { /* takes back: deferred_since goes */
-                    s->self_fire.pc_frame = NULL;
-                    if (s->fired != NULL) {
-                        as_scope(s->fired)->delivered_at = now;
-                        as_scope(s->fired)->deferred_ns += deferred;
-                    }
-                    STAT_INC(pending_raises);
-                    return -1;
+            if (stack_defers(s, cur, due, now)) {
+                /* Protected code holds it back (the deferral is noted): the
+                 * hook waits now.  Rejected: asking to run again here -- at
+                 * a protected loop's every back-edge the call ran once more,
+                 * and the protected call in progress took twice as long or
+                 * more; the hook's wait costs that code far less (its
+                 * innermost protected frame is one test). */
+                STAT_INC(pending_handovers);
+                return pc_to_hook(s, now);
+            }
+            int64_t deferred = s->deferred_since != 0 ? now - s->deferred_since : 0;
+            if (slot_fire(s, now, 1)) { /* takes back: deferred_since goes */
+                s->self_fire.pc_frame = NULL;
+                if (s->fired != NULL) {
+                    as_scope(s->fired)->delivered_at = now;
+                    as_scope(s->fired)->deferred_ns += deferred;
                 }
+                STAT_INC(pending_raises);
+                return -1;
             }
         }
         if (!usable && ++s->self_fire.pc_declines > TC_PC_MAX_DECLINES)

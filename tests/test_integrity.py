@@ -962,9 +962,8 @@ def test_a_loop_of_protected_calls_is_stopped_between_two_calls() -> None:
         # broken: raised inside a call (more calls than returns)
         assert calls and len(calls) == len(returned), (calls, returned)
         # Generous, not a latency figure: the call of 0.1 s in progress at the deadline,
-        # which the self-fire's pending call (3.12+), asking to run again at every check,
-        # slows down, and a loaded machine. Broken: a delivery that gave up (3.12's queue
-        # of pending calls filled) lets call after call go by, seconds.
+        # and a loaded machine. Broken: a delivery that gave up (3.12's queue of pending
+        # calls filled) lets call after call go by, seconds.
         assert scope.overshoot is not None and scope.overshoot < 1.0, scope.overshoot
 
 
