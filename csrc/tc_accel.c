@@ -184,3 +184,8 @@ const char *tc_accel_why(int i) { return i >= 0 && i < ACCEL_N ? g_accel_why[i] 
 const char *tc_accel_unknown(void) { return g_accel_unknown; }
 
 const char *tc_accel_internals(void) { return g_internals; }
+
+const char *tc_accel_core_refused(void)
+{
+    return g_tstate_failed[0] != '\0' ? g_tstate_failed : NULL;
+}

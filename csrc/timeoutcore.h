@@ -240,6 +240,10 @@ int tc_accel_active(int i);
 const char *tc_accel_why(int i);
 const char *tc_accel_unknown(void);
 const char *tc_accel_internals(void);
+/* Why the core itself must not run here, or NULL: the thread-state fields it
+ * reads (tc_compat.h) failed the import check.  timeoutcore._native then
+ * refuses to load, and the pure-Python engine takes over where it can. */
+const char *tc_accel_core_refused(void);
 
 /* Benchmark helper: `n` arm+disarm pairs of this thread's kernel timer (what
  * arming at every block entry would cost).  Returns 0 or an errno. */

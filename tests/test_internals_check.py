@@ -1,5 +1,7 @@
 """The import check of CPython internals (csrc/tc_gil_check.c): a wrong address is refused,
-the accelerators that need it are off, the core still delivers, and the reason is logged.
+the accelerators that need it are off, the core still delivers, and the reason is logged; a
+wrong address among the thread-state fields the core reads itself keeps the core from running
+at all.
 
 Each case is one child interpreter (the check runs once, at import), started in a tmp dir so
 that the installed package is the one imported. The child keeps the ``timeoutcore`` logger's
@@ -26,9 +28,8 @@ pytestmark = pytest.mark.skipif(
     timeoutcore.ENGINE != "native", reason="the import check is the native core's"
 )
 
-#: csrc/tc_accel.c: accel_uses_internals (the GIL state) and accel_uses_tstate
+#: csrc/tc_accel.c: accel_uses_internals (the GIL state)
 GIL_USERS = {"fast_window", "self_fire", "direct_delivery"}
-TSTATE_USERS = {"sleeping_tracer", "direct_delivery"}
 SWITCHED_OFF = "switched off by TIMEOUTCORE_ACCEL"
 
 CHILD = r"""
@@ -109,9 +110,6 @@ def supported() -> set[str]:
                  "the switch interval read through the GIL state",
                  marks=pytest.mark.skipif(FREE_THREADED, reason="no GIL state to point at"),
                  id="gil"),
-    pytest.param("TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET", TSTATE_USERS,
-                 "the thread state's thread_id is not PyThread_get_thread_ident()",
-                 id="thread_state"),
 ])
 def test_a_wrong_address_is_refused_said_and_logged(tmp_path: Path, hook: str,
                                                     users: set[str], reason: str) -> None:
@@ -147,16 +145,50 @@ def test_switched_off_accelerators_are_not_logged(tmp_path: Path) -> None:
     assert logged(out, "WARNING") == []
 
 
-def test_the_warning_reaches_stderr_where_logging_was_never_configured(
-        tmp_path: Path) -> None:
-    """Without logging imported before timeoutcore, the DEBUG lines have nowhere to go and
-    are not made (a plain import loads no logging: tests/test_layers.py); the WARNING is,
-    and logging's last resort prints it."""
+def _import_with_a_wrong_thread_state_offset(tmp_path: Path, engine: str,
+                                             code: str) -> subprocess.CompletedProcess[str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TIMEOUTCORE_")}
-    environ["TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET"] = "1"
-    p = subprocess.run([sys.executable, "-c", "import timeoutcore"], capture_output=True,
-                       text=True, timeout=120, cwd=tmp_path, env=environ)
+    environ.update(TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET="1", TIMEOUTCORE_ENGINE=engine)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=environ)
+
+
+REFUSED = "failed its import check: the thread state's thread_id is not"
+
+DEADLINE_ENDS = """
+import time, timeoutcore
+t0 = time.monotonic()
+try:
+    with timeoutcore.thread_deadline(0.2):
+        while True:
+            pass
+except timeoutcore.DeadlineExceeded:
+    print(timeoutcore.ENGINE, time.monotonic() - t0)
+"""
+
+
+@pytest.mark.skipif(FREE_THREADED, reason="no pure-Python engine without a GIL")
+def test_a_wrong_thread_state_offset_makes_the_core_refuse_and_the_fallback_take_over(
+        tmp_path: Path) -> None:
+    """The core reads thread-state fields itself: when the check finds them elsewhere, the
+    C core does not run at all; ``auto`` takes the pure-Python engine, which ends the
+    deadline, and one WARNING on stderr (logging never configured: its last resort) says
+    why. The DEBUG lines have nowhere to go without logging imported first, and are not
+    made (a plain import loads no logging: tests/test_layers.py)."""
+    p = _import_with_a_wrong_thread_state_offset(tmp_path, "auto", DEADLINE_ENDS)
     assert p.returncode == 0, p.stderr
+    engine, took = p.stdout.split()
+    assert engine == "fallback" and 0.15 < float(took) < 10.0, p.stdout
     (line,) = p.stderr.splitlines()
-    assert "failed its import check: the thread state's thread_id" in line
-    assert "deadlines still work" in line
+    assert REFUSED in line and "does not run on this CPython" in line, line
+
+
+def test_a_wrong_thread_state_offset_is_an_import_error_where_the_core_is_asked_for(
+        tmp_path: Path) -> None:
+    """``TIMEOUTCORE_ENGINE=native`` (and a free-threaded CPython, which has no other
+    engine) gets an ImportError that says why, never a core reading wrong addresses."""
+    engines = ["native"] + (["auto"] if FREE_THREADED else [])
+    for engine in engines:
+        p = _import_with_a_wrong_thread_state_offset(tmp_path, engine, "import timeoutcore")
+        assert p.returncode != 0, (engine, p.stdout)
+        assert "ImportError" in p.stderr and REFUSED in p.stderr, (engine, p.stderr)

@@ -44,6 +44,24 @@ _MODNAME = "timeoutcore._core"
 if lib.tc_export(_MODNAME.encode()) != 0:
     raise ImportError("timeoutcore: the native core failed to initialise (see stderr)")
 
+# Rule: the C core reads a few thread-state fields itself (csrc/tc_compat.h); if the import
+# check finds them elsewhere than this build expects -- a wheel meeting a CPython whose
+# layout differs -- the core must not run at all: each read would be of a wrong address.
+# Nothing has started yet (the watchdog, the signal handler and the timers come with the
+# first block). Rejected: turning off only the accelerators that read more of the thread
+# state -- the core's own reads stay. TIMEOUTCORE_ENGINE=auto then takes the pure-Python
+# engine (with a GIL); =native, or a free-threaded CPython, gets this ImportError.
+_refused = lib.tc_accel_core_refused()
+if _refused != ffi.NULL:
+    _why = ffi.string(_refused).decode()
+    import logging
+
+    logging.getLogger("timeoutcore").warning(
+        "the C core %s; it does not run on this CPython (the pure-Python engine takes over "
+        "where there is a GIL): deadlines still work, later", _why)
+    raise ImportError(f"timeoutcore: the C core {_why}; it reads those thread-state fields "
+                      "itself, so it does not run on this CPython")
+
 core: ModuleType = sys.modules[_MODNAME]
 core._setup(_DeadlineInterrupt, DeadlineExceeded)
 
