@@ -32,6 +32,17 @@ pytestmark = pytest.mark.skipif(
 GIL_USERS = {"fast_window", "self_fire", "direct_delivery"}
 SWITCHED_OFF = "switched off by TIMEOUTCORE_ACCEL"
 
+#: A CPU loop under a 0.2 s deadline, in a child's main module: ``ended`` is when it ended.
+DEADLINE = """
+t0 = time.monotonic()
+try:
+    with timeoutcore.thread_deadline(0.2):
+        while True:
+            pass
+except timeoutcore.DeadlineExceeded:
+    ended = time.monotonic() - t0
+"""
+
 CHILD = r"""
 import json, logging, sys, time
 
@@ -61,14 +72,7 @@ except LookupError as handled:
 
     kept = {"tracer": sys.gettrace() is tracer, "handled": sys.exc_info()[1] is handled}
 sys.settrace(None)
-
-t0 = time.monotonic()
-try:
-    with timeoutcore.thread_deadline(0.2):
-        while True:
-            pass
-except timeoutcore.DeadlineExceeded:
-    ended = time.monotonic() - t0
+""" + DEADLINE + r"""
 print(json.dumps({"records": records, "kept": kept, "ended": ended,
                   "internals": _native.internals_check(),
                   "why": timeoutcore.accelerators(explain=True)}))
@@ -155,16 +159,7 @@ def _import_with_a_wrong_thread_state_offset(tmp_path: Path, engine: str,
 
 REFUSED = "failed its import check: the thread state's thread_id is not"
 
-DEADLINE_ENDS = """
-import time, timeoutcore
-t0 = time.monotonic()
-try:
-    with timeoutcore.thread_deadline(0.2):
-        while True:
-            pass
-except timeoutcore.DeadlineExceeded:
-    print(timeoutcore.ENGINE, time.monotonic() - t0)
-"""
+DEADLINE_ENDS = "import time, timeoutcore\n" + DEADLINE + "print(timeoutcore.ENGINE, ended)\n"
 
 
 @pytest.mark.skipif(FREE_THREADED, reason="no pure-Python engine without a GIL")
