@@ -12,11 +12,15 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+import timeoutcore
+
 CHILD = textwrap.dedent("""
     import json, threading, time
+    import timeoutcore
     from timeoutcore import DeadlineCancelled, DeadlineExceeded, thread_deadline
 
     def fail_a_thread_start():
@@ -67,17 +71,21 @@ CHILD = textwrap.dedent("""
     t = threading.Thread(target=worker)
     t.start()
     t.join()
+    out["engine"] = timeoutcore.ENGINE
     print(json.dumps(out))
 """)
 
 
 @pytest.mark.parametrize("accel", ["all", "none"])
-def test_deadlines_land_on_time_after_a_thread_failed_to_start(accel: str) -> None:
+def test_deadlines_land_on_time_after_a_thread_failed_to_start(accel: str,
+                                                              tmp_path: Path) -> None:
     env = dict(os.environ, TIMEOUTCORE_ACCEL=accel)
+    # cwd: a tmp dir, so that the child imports the installed package, not the source tree
     proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                          env=env, timeout=180)
+                          env=env, timeout=180, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["engine"] == timeoutcore.ENGINE, out  # the engine under test
     assert out["failed"] and out["worker_failed"], out  # the precondition held
     for case, want in (("main_deadline", "DeadlineExceeded"), ("main_cancel", "DeadlineCancelled"),
                        ("worker_deadline", "DeadlineExceeded")):
