@@ -50,15 +50,6 @@ static int accel_uses_internals(int a)
     return a == ACCEL_FAST_WINDOW || a == ACCEL_SELF_FIRE || a == ACCEL_DIRECT_DELIVERY;
 }
 
-/* Reads another thread's state, or writes a field of one, beyond what the
- * core itself does: the sleeping tracer writes cframe->use_tracing (3.11),
- * direct delivery reads another thread's frame and exception state to
- * decide for it.  Off when the thread-state check fails (tc_gil_check.c). */
-static int accel_uses_tstate(int a)
-{
-    return a == ACCEL_SLEEPING_TRACER || a == ACCEL_DIRECT_DELIVERY;
-}
-
 /* Works only with another one on (-1: none needed).  With a GIL the
  * pre-arm happens when the watchdog has the GIL ahead of the deadline,
  * which only anticipation gives it; the sleeping tracer and the placement
@@ -74,7 +65,8 @@ static int accel_needs(int a)
 
 static const char *g_accel_why[ACCEL_N]; /* NULL while on */
 static char g_accel_failed[TC_ACCEL_WHY_MAX];  /* "failed its import check: ..." */
-static char g_tstate_failed[TC_ACCEL_WHY_MAX]; /* the same, of the thread-state check */
+static char g_tstate_failed[TC_ACCEL_WHY_MAX]; /* the same, of the thread-state check:
+                                                  the core itself then does not run */
 static char g_accel_needs_why[ACCEL_N][64];    /* "needs X, which is off" */
 static char g_accel_unknown[256];              /* names none of ours, comma-separated */
 static const char *g_internals = "not checked"; /* the import check: "passed", or why not */
@@ -128,14 +120,15 @@ static void accel_parse(int asked[ACCEL_N])
  * unset, which is what turns the fast window off.  Returns 0. */
 static int accel_setup(void)
 {
-    int asked[ACCEL_N], internals = 0, internals_ok = 0, tstate_ok;
+    int asked[ACCEL_N], internals = 0, internals_ok = 0;
     char why[TC_ACCEL_WHY_MAX - 32];
     accel_parse(asked);
     /* The thread-state check runs whatever was asked: the core reads those
-     * fields itself, and a mismatch must at least be said (the warning of
-     * timeoutcore._native). */
+     * fields itself, so a mismatch keeps the whole core from running
+     * (tc_accel_core_refused; timeoutcore._native refuses to load) -- no
+     * accelerator needs turning off for it. */
     why[0] = '\0';
-    if (!(tstate_ok = tstate_check(why, sizeof(why))))
+    if (!tstate_check(why, sizeof(why)))
         (void)snprintf(g_tstate_failed, sizeof(g_tstate_failed), "failed its import check: %s",
                        why);
     for (int a = 0; a < ACCEL_N; a++)
@@ -146,14 +139,10 @@ static int accel_setup(void)
         (void)snprintf(g_accel_failed, sizeof(g_accel_failed), "failed its import check: %s", why);
     if (internals)
         g_internals = internals_ok ? "passed" : g_accel_failed;
-    if (!tstate_ok)
-        g_internals = g_tstate_failed;
     for (int a = 0; a < ACCEL_N; a++) {
         const char *off = accel_unsupported(a);
         if (off == NULL && !asked[a])
             off = "switched off by TIMEOUTCORE_ACCEL";
-        if (off == NULL && accel_uses_tstate(a) && !tstate_ok)
-            off = g_tstate_failed;
         if (off == NULL && accel_uses_internals(a) && !internals_ok)
             off = g_accel_failed;
         g_accel_why[a] = off;

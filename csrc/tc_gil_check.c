@@ -60,9 +60,9 @@
  *      and left alone.
  * Test hook: TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET=1 makes check 1 read
  * thread_id 64 bytes off (inside the thread state): it must be refused.
- * The core itself reads 1-3 and, on 3.11, the tracer; a mismatch there turns
- * off the accelerators that read thread states (tc_accel.c) and is reported
- * as a failed import check.
+ * The core itself reads 1-3 and, on 3.11, the tracer; a mismatch there keeps
+ * the whole core from running (tc_accel.c: tc_accel_core_refused), and
+ * timeoutcore._native refuses to load with the reason.
  *
  * GIL held throughout; Python errors met on the way are cleared and count
  * as a failed check.

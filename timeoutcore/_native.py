@@ -165,8 +165,8 @@ def internals_check() -> str:
     """The import check of the CPython internals the core may use (csrc/tc_gil_check.c):
     "passed", "not checked" (TIMEOUTCORE_ACCEL asked for no accelerator that uses the GIL
     state's internals; the thread state's fields, which the core reads itself, were checked
-    and agreed), or "failed its import check: <why>" (either part). Safe delivery also reads
-    gc.collecting only after "passed"."""
+    and agreed -- else this module would not have loaded), or "failed its import check:
+    <why>". Safe delivery also reads gc.collecting only after "passed"."""
     return str(_accel_text(lib.tc_accel_internals()))
 
 
