@@ -24,7 +24,7 @@
  *   reports runs either way (anticipation_learn's crowd, the remote arms
  *   the registry makes, the watchdog's start set for a rescue).  A hook
  *   never moves a slot between states itself: a fire is the core's
- *   slot_fire, a deadline change ends in the core's slot_publish, as for
+ *   slot_fire, a deadline change ends in the core's slot_deadline_set, as for
  *   any other caller.
  *   State.  An accelerator's process-wide state is one static struct in its
  *   own file.  What it keeps per slot or per scope is a struct of its own
@@ -286,7 +286,7 @@ static void sleeping_tracer_wake(struct tc_slot *s, PyThreadState *t, int on);
  * and one byte store into the thread's own cframe. */
 static int sleeping_tracer_on_signal(struct tc_slot *s);
 
-/* GIL (slot_publish, prearm_on_enter): the slot's effective deadline
+/* GIL (slot_deadline_set, prearm_on_enter): the slot's effective deadline
  * changed to `d`; a sleeping tracer's alarm follows it.  1 if the slot's
  * timer is the alarm's (the core then leaves the backstop alone). */
 static int sleeping_tracer_follow(struct tc_slot *s, int64_t d);

@@ -298,16 +298,9 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
         slot_publish(s);
         (void)slot_fire(s, now, 0);
     }
-    else if (sc->deadline < atomic_load(&s->deadline) || s->top == self) {
-        atomic_store(&s->deadline, sc->deadline < atomic_load(&s->deadline)
-                                       ? sc->deadline
-                                       : atomic_load(&s->deadline));
-        if (atomic_load(&s->state) != SLOT_INJECTED)
-            atomic_store(&s->state,
-                         atomic_load(&s->deadline) == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
-        atomic_fetch_add(&s->gen, 1);
-        prearm_on_enter(s, now);
-        wd_notify(s, sc->deadline, now);
+    else {
+        int64_t was = atomic_load(&s->deadline);
+        slot_deadline_set(s, sc->deadline < was ? sc->deadline : was, now, 1);
     }
     Py_INCREF(self);
     return self;
@@ -457,7 +450,7 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
         s->fired = self;
         sc->expired = 1;
         sc->fired_at = now;
-        atomic_store(&s->state, SLOT_INJECTED);
+        slot_to(s, SLOT_INJECTED);
         STAT_INC(exit_expiries);
     }
     if (s->fired == self) {
@@ -468,9 +461,6 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
          * GIL hand-backs cost whole switch intervals next to busy threads,
          * and the cancelled job's block exited long after it had stopped) */
         atomic_store(&s->exit_until, now + TC_FAST_HOLD_NS);
-    }
-    else if (atomic_load(&s->state) == SLOT_INJECTED && s->fired == NULL) {
-        atomic_store(&s->state, SLOT_IDLE); /* a shielded or stale leftover */
     }
     if (sc->soft_pending) {
         /* A soft-limit exception raised into the block and not delivered

@@ -229,13 +229,6 @@ static void wd_prune(int64_t now)
 }
 #endif
 
-/* An ARMED slot's fire is due: its deadline has passed, or a cancel came
- * off the control channel (accelerator remote_relay). */
-static int slot_fire_due(tc_slot *s, int64_t now)
-{
-    return atomic_load(&s->deadline) <= now || remote_relay_marked_at(s) != TC_NEVER;
-}
-
 /* With the GIL: handle every slot that is due now.  g_mu is held only to
  * walk the list, never while a slot is acted on: firing arms the delivery
  * hook (3.11: _PyEval_SetTrace runs audit hooks; 3.12+: sys.monitoring
@@ -261,9 +254,8 @@ static void wd_sweep(int64_t now)
         for (tc_slot *s = g_slots; s != NULL; s = s->next) {
             if (!s->alive)
                 continue;
-            int st = atomic_load(&s->state);
-            if ((st == SLOT_ARMED && slot_fire_due(s, now)) ||
-                (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)) {
+            if (slot_fire_due(s, now) || (atomic_load(&s->state) == SLOT_INJECTED &&
+                                          atomic_load(&s->reinject_at) <= now)) {
                 if (n == TC_SWEEP_BATCH) {
                     more = 1;
                     break;
@@ -275,13 +267,10 @@ static void wd_sweep(int64_t now)
         for (int i = 0; i < n; i++) {
             tc_slot *s = due[i];
             TC_CORE_BEGIN();
-            int st = atomic_load(&s->state); /* again: its owner may have moved on */
-            if (s->alive) {
-                if (st == SLOT_ARMED && slot_fire_due(s, now))
-                    slot_fire(s, now, 0);
-                else if (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)
-                    slot_reinject(s, now);
-            }
+            /* again, in the core: its owner may have moved on */
+            if (s->alive && !slot_fire(s, now, 0) && atomic_load(&s->state) == SLOT_INJECTED &&
+                atomic_load(&s->reinject_at) <= now)
+                slot_reinject(s, now);
             TC_CORE_END();
         }
     } while (more);
