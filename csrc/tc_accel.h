@@ -170,6 +170,12 @@ static void anticipation_figures(int64_t *lead, int64_t *switch_ns, int64_t *cro
  * supported() is 0 and every hook here does nothing.  The window's mutex
  * is never held together with g_mu. */
 
+/* The watchdog's planner, under g_mu, no GIL (tc_watchdog.c: wd_plan), for
+ * each live slot: until when it keeps the window open, and when to look
+ * again without acting (a fired thread holding the GIL needs no window). */
+static void fast_window_plan(struct tc_slot *s, int64_t now, int64_t *fast_until,
+                             int64_t *look_at);
+
 /* The watchdog, with or without the GIL: open / close the window. */
 static void fast_enter(void);
 static void fast_leave(void);
