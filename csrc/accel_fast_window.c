@@ -123,7 +123,8 @@ static void fast_leave(void)
     pthread_mutex_unlock(&g_fast.mu);
 }
 
-/* The watchdog's planner (tc_watchdog.c: wd_plan, under g_mu, no GIL), for
+/* The planner (tc_watchdog.c: wd_plan, under g_mu; the watchdog's without
+ * the GIL, fast_close_after_claim's with it), for
  * each live slot `s` at `now`: until when it keeps the window open
  * (raises *fast_until) and when the watchdog should look again without
  * acting (lowers *look_at). */

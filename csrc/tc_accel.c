@@ -161,7 +161,6 @@ static int accel_setup(void)
     return 0;
 }
 
-/* cffi entry points (timeoutcore.h), any thread, after tc_export. */
 /* The accelerators' part of the signal handler (tc_os.c: tc_handler), in
  * slot `s`'s thread, for a signal of its own kernel timer; the core's part
  * is errno and a counter.  With both accelerators below off it does
@@ -184,6 +183,7 @@ static void accel_on_signal(struct tc_slot *s)
         rescue_on_signal(s);
 }
 
+/* cffi entry points (timeoutcore.h), any thread, after tc_export. */
 int tc_accel_count(void) { return ACCEL_N; }
 
 const char *tc_accel_name(int i) { return i >= 0 && i < ACCEL_N ? g_accel_names[i] : NULL; }

@@ -130,8 +130,9 @@ static int remote_relay_on_readable(int fd);
  * cancel made slot `s` due (TC_NEVER: none). */
 static int64_t remote_relay_marked_at(struct tc_slot *s);
 
-/* At fire time (slot_fire, pc_fire), GIL held: turn the marks on slot `s`
- * into cancels, as DeadlineScope.cancel() does them. */
+/* At fire time (slot_fire, pc_fire) and as a shield ends (slot_held), GIL
+ * held: turn the marks on slot `s` into cancels, as DeadlineScope.cancel()
+ * does them. */
 static void remote_relay_apply(struct tc_slot *s, int64_t now);
 
 /* pthread_atfork, in the forking thread (prepare, parent) and in the child
@@ -170,7 +171,7 @@ static void anticipation_figures(int64_t *lead, int64_t *switch_ns, int64_t *cro
  * supported() is 0 and every hook here does nothing.  The window's mutex
  * is never held together with g_mu. */
 
-/* The watchdog's planner, under g_mu, no GIL (tc_watchdog.c: wd_plan), for
+/* The planner, under g_mu, with or without the GIL (tc_watchdog.c: wd_plan), for
  * each live slot: until when it keeps the window open, and when to look
  * again without acting (a fired thread holding the GIL needs no window). */
 static void fast_window_plan(struct tc_slot *s, int64_t now, int64_t *fast_until,

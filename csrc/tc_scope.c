@@ -393,8 +393,7 @@ static int run_exit_hook(tc_slot *s, PyObject *hook, PyObject *self, PyObject *e
     atomic_fetch_add(&s->gen, 1);
     /* Inside an enclosing shield nothing is held here: that shield's exit
      * delivers it. */
-    held = atomic_load(&s->shield) == 0 &&
-           (s->fired != NULL || (s->top != NULL && stack_due(s->top, now_ns()) != NULL));
+    held = atomic_load(&s->shield) == 0 && slot_held(s, now_ns());
     if (!held)
         wd_notify(s, atomic_load(&s->deadline), 0);
     return held;

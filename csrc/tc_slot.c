@@ -8,7 +8,8 @@
  *             fired;
  *   INJECTED  a scope on the stack fired, and its exit has not claimed the
  *             interrupt yet: s->fired is that scope.
- *   Invariant: state == INJECTED exactly when s->fired != NULL.  Whatever
+ *   Invariant, for a live slot: state == INJECTED exactly when s->fired !=
+ *   NULL (a dead slot's stack waits for its reuse, which clears both).  Whatever
  *   qualifies a state is a flag of its own, never a state: `prearmed` (an
  *   ARMED slot's hook is armed ahead, accel_prearm.c), `pending` (an
  *   interrupt is on its way to the thread's next safe point, tc_deliver.c),
@@ -19,15 +20,19 @@
  *                         reschedule, a scope entered past its deadline)
  *   ARMED      IDLE       slot_deadline_set: the last deadline gone (exit,
  *                         reschedule(None))
- *   ARMED      INJECTED   slot_fire, the one fire (the decision: slot_fire_due;
- *                         the callers: the watchdog's sweep, the thread's own
- *                         check or hook, a cancelling thread, the exit's
- *                         backstop -- tc_scope.c: Scope_exit)
- *   INJECTED   IDLE       slot_unfire: the fired scope's exit claimed it
- *                         (slot_claim), or the fired scope left the stack
- *                         without its exit (stale, 3.13; slot reuse); the
- *                         publish that follows makes it ARMED if a deadline
- *                         is left
+ *   ARMED      INJECTED   slot_fire (the decision: slot_fire_due; the callers:
+ *                         the watchdog's sweep, the thread's own check or
+ *                         hook, a cancelling thread, a held interrupt's
+ *                         shield or exit hook ending); and the exit's
+ *                         backstop (tc_scope.c: Scope_exit), the one fire
+ *                         outside slot_fire: its scope has left the stack
+ *                         already, nobody fired it, and its deadline passed
+ *   INJECTED   IDLE,      slot_unfire: the fired scope's exit claimed it
+ *              ARMED      (slot_claim), or the fired scope left the stack
+ *                         without its exit (an exit skipped on 3.13, a
+ *                         generator's scope popped by its caller's exit);
+ *                         ARMED while a deadline is published, which the
+ *                         publish that follows brings up to date
  *   X          X          any change that keeps the state (a new deadline
  *                         while ARMED; a re-injection while INJECTED)
  *   No other move is made; slot_to counts one that would be (stats:
@@ -68,14 +73,16 @@ static const unsigned char slot_moves[3][3] = {
     /*               IDLE  ARMED  INJECTED */
     /* IDLE     */ {1, 1, 0},
     /* ARMED    */ {1, 1, 1},
-    /* INJECTED */ {1, 0, 1},
+    /* INJECTED */ {1, 1, 1},
 };
 
-/* The only writer of s->state with the GIL (the resets above aside). */
+/* The only writer of s->state with the GIL (the resets above aside).  A
+ * slot whose thread is exiting meanwhile (slot_release: alive cleared
+ * before its reset) is not judged: the reset is no move of the table. */
 static void slot_to(tc_slot *s, int to)
 {
     int from = atomic_load(&s->state);
-    if (!slot_moves[from][to])
+    if (!slot_moves[from][to] && atomic_load(&s->alive))
         STAT_INC(bad_moves);
     atomic_store(&s->state, to);
 }
@@ -125,12 +132,25 @@ static void slot_deadline_set(tc_slot *s, int64_t d, int64_t now, int enter)
 /* Publish the slot's deadline after any change to its stack but a push. */
 static void slot_publish(tc_slot *s) { slot_deadline_set(s, stack_min(s->top), 0, 0); }
 
-/* The fired scope is claimed or gone: INJECTED -> IDLE (the table). */
+/* The fired scope is claimed or gone: INJECTED -> IDLE or ARMED, by the
+ * deadline published (the table). */
 static void slot_unfire(tc_slot *s)
 {
     s->fired = NULL;
     if (atomic_load(&s->state) == SLOT_INJECTED)
-        slot_to(s, SLOT_IDLE);
+        slot_to(s, atomic_load(&s->deadline) == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
+}
+
+/* The owner thread (GIL), as the last shield or exit hook ends: is an
+ * interrupt held back for here -- one fired, or a deadline passed?  A
+ * cancel off the control channel that came meanwhile is applied first: a
+ * shield keeps slot_fire, which applies such cancels, away. */
+static int slot_held(tc_slot *s, int64_t now)
+{
+    if (s->fired != NULL)
+        return 1;
+    remote_relay_apply(s, now);
+    return s->top != NULL && stack_due(s->top, now) != NULL;
 }
 
 /* The attribute DeadlineScope.cancel() sets, which makes the exception a
@@ -241,7 +261,8 @@ static PyObject *slot_raise_here(tc_slot *s)
 }
 
 /* THE FIRE DECISION, the one place that says whether a slot fires now
- * (every fire goes through slot_fire, which asks it first): ARMED (never
+ * (slot_fire asks it first; the exit's backstop is the one fire without
+ * it, the table says why): ARMED (never
  * fired twice: INJECTED re-sends, slot_reinject), not shielded, and its
  * deadline has passed or a cancel came off the control channel
  * (accelerator remote_relay).  Read without the GIL by the watchdog's
@@ -254,7 +275,8 @@ static int slot_fire_due(tc_slot *s, int64_t now)
 
 /* Fire the outermost due scope, unless shielded.  `local`: we are the owner
  * thread; the error is set and the caller returns NULL.  Returns 1 if an
- * interrupt was raised (or set), 0 if nothing was due. */
+ * interrupt was raised (or set), 0 if the decision said no (nothing due,
+ * shielded, or fired already). */
 static int slot_fire(tc_slot *s, int64_t now, int local)
 {
     if (!slot_fire_due(s, now))
@@ -438,14 +460,14 @@ static void slot_release(void *p)
     if (s == NULL)
         return;
     pthread_mutex_lock(&g_mu);
+    if (s->alive) { /* first: a fire racing this reset is not judged (slot_to) */
+        s->alive = 0;
+        STAT_DEC(slots_live);
+    }
     timer_drop(s);
     atomic_store(&s->deadline, TC_NEVER);
     atomic_store(&s->state, SLOT_IDLE);
     atomic_fetch_add(&s->gen, 1);
-    if (s->alive) {
-        s->alive = 0;
-        STAT_DEC(slots_live);
-    }
     pthread_mutex_unlock(&g_mu);
 }
 

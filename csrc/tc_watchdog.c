@@ -1,10 +1,10 @@
 /*
  * tc_watchdog.c -- the one watchdog pthread: its schedule of every armed
- * slot, and the fire-time sweep (GIL anticipation's lead:
- * accel_anticipation.c).  Part of
- * the unity build (timeoutcore.c).  This file: its shared state, the
- * planner (wd_plan), the sweep and the lead; then tc_wd_fire.c (taking
- * the GIL, pre-arm) and tc_wd_main.c (the loop, start and stop).  The
+ * slot, and the fire-time sweep.  Part of the unity build (timeoutcore.c).
+ * This file: its shared state, the planner (wd_plan) and the sweep
+ * (wd_sweep); then tc_wd_fire.c (taking the GIL, and the lead: what the
+ * accelerators do with it before the deadline) and tc_wd_main.c (the
+ * loop, start and stop).  The
  * accelerators it calls at named points are in accel_*.c (tc_accel.h).
  *
  * The watchdog plans WITHOUT the GIL (wd_plan reads the slots' atomics under

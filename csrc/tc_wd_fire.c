@@ -3,11 +3,14 @@
  * the GIL (gil_busy, gil_take), and the lead (wd_lead): what the
  * accelerators do once it holds the GIL before the deadline -- the pre-arm
  * (accel_prearm.c), the exception prepared (accel_prepare.c), the GIL given
- * back or held (anticipation, accel_anticipation.c).  Part of the unity build (timeoutcore.c), after accel_fast_window.c.
+ * back or held (anticipation, accel_anticipation.c).  Part of the unity
+ * build (timeoutcore.c), after accel_fast_window.c.
  *
- * Who calls what: all of it runs in the watchdog thread, from wd_main
+ * Who calls what: all of it runs in the watchdog thread, from wd_fire
  * (tc_wd_main.c), holding no lock of ours: gil_take without the GIL (it
- * returns holding it).  Nothing here runs in a signal handler.
+ * returns holding it); wd_lead with the GIL, which it may give away and
+ * take back (requeue) or give away for good (it says which).  Nothing
+ * here runs in a signal handler.
  */
 
 /* Before the watchdog takes the GIL for slot `s`: is a thread other than
