@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 from conftest import FREE_THREADED, LATE, burn, settled_interval
@@ -260,6 +261,37 @@ def test_the_watchdog_runs_with_a_short_time_slice() -> None:
         time.sleep(0.001)
     assert wd != 0 and _slice_ns(wd) == 100_000, (wd, _slice_ns(wd) if wd else None)
     assert (_slice_ns(threading.get_native_id()) or 0) > 100_000
+
+
+_WATCHDOG_FAULT = """
+import ctypes, faulthandler, os, time
+import timeoutcore
+from timeoutcore import _native
+faulthandler.enable()
+with timeoutcore.thread_deadline(10):
+    pass
+give_up = time.monotonic() + 10
+while _native.watchdog_native_id() == 0 and time.monotonic() < give_up:
+    time.sleep(0.001)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall(234, os.getpid(), _native.watchdog_native_id(), 11)  # tgkill(.., SIGSEGV)
+time.sleep(10)
+print("still alive")
+"""
+
+
+@pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="the C core's watchdog")
+def test_a_fault_in_the_watchdog_is_reported_by_faulthandler(tmp_path: Any) -> None:
+    """The watchdog blocks every signal but its own faults: a crash there gets
+    faulthandler's report (blocked, the kernel killed the process without a word)."""
+    import subprocess
+
+    if os.uname().machine != "x86_64":
+        pytest.skip("the test names tgkill by its x86-64 system call number")
+    r = subprocess.run([sys.executable, "-c", _WATCHDOG_FAULT], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode != 0 and "still alive" not in r.stdout, (r.returncode, r.stdout)
+    assert "Fatal Python error: Segmentation fault" in r.stderr, r.stderr[-2000:]
 
 
 # --- _wait_readable: the registry's subscriber's wait --------------------------------------
