@@ -419,7 +419,10 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     /* From here to the end no bytecode runs and the GIL is never released:
      * the interrupt cannot land after this point. */
     now = now_ns();
-    stack_pop_stale_above(s, self);
+    if (stack_pop_stale_above(s, self) > 0)
+        slot_publish(s); /* a fired one among them left the slot IDLE: ARMED
+                          * again (this scope is still on the stack) before
+                          * the backstop below may fire it */
     s->top = sc->parent; /* the slot's reference moves to the parent */
     sc->parent = NULL;
     sc->state = SCOPE_DONE;

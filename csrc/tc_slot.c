@@ -27,12 +27,17 @@
  *                         backstop (tc_scope.c: Scope_exit), the one fire
  *                         outside slot_fire: its scope has left the stack
  *                         already, nobody fired it, and its deadline passed
- *   INJECTED   IDLE,      slot_unfire: the fired scope's exit claimed it
- *              ARMED      (slot_claim), or the fired scope left the stack
+ *   INJECTED   IDLE       slot_unfire: the fired scope's exit claimed it
+ *                         (slot_claim), or the fired scope left the stack
  *                         without its exit (an exit skipped on 3.13, a
  *                         generator's scope popped by its caller's exit);
- *                         ARMED while a deadline is published, which the
- *                         publish that follows brings up to date
+ *                         the publish that follows makes it ARMED if a
+ *                         deadline is left.  Never straight to ARMED: the
+ *                         deadline published then is the fired scope's,
+ *                         and the code between (a tracer put back, a
+ *                         reference dropped) may let the GIL go -- the
+ *                         watchdog's lead would pre-arm a hook for a block
+ *                         that is ending.  An IDLE slot nobody acts on.
  *   X          X          any change that keeps the state (a new deadline
  *                         while ARMED; a re-injection while INJECTED)
  *   No other move is made; slot_to counts one that would be (stats:
@@ -73,7 +78,7 @@ static const unsigned char slot_moves[3][3] = {
     /*               IDLE  ARMED  INJECTED */
     /* IDLE     */ {1, 1, 0},
     /* ARMED    */ {1, 1, 1},
-    /* INJECTED */ {1, 1, 1},
+    /* INJECTED */ {1, 0, 1},
 };
 
 /* The only writer of s->state with the GIL (the resets above aside).  A
@@ -132,13 +137,13 @@ static void slot_deadline_set(tc_slot *s, int64_t d, int64_t now, int enter)
 /* Publish the slot's deadline after any change to its stack but a push. */
 static void slot_publish(tc_slot *s) { slot_deadline_set(s, stack_min(s->top), 0, 0); }
 
-/* The fired scope is claimed or gone: INJECTED -> IDLE or ARMED, by the
- * deadline published (the table). */
+/* The fired scope is claimed or gone: INJECTED -> IDLE (the table); the
+ * caller publishes. */
 static void slot_unfire(tc_slot *s)
 {
     s->fired = NULL;
     if (atomic_load(&s->state) == SLOT_INJECTED)
-        slot_to(s, atomic_load(&s->deadline) == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
+        slot_to(s, SLOT_IDLE);
 }
 
 /* The owner thread (GIL), as the last shield or exit hook ends: is an
