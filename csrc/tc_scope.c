@@ -298,9 +298,16 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
         slot_publish(s);
         (void)slot_fire(s, now, 0);
     }
-    else {
-        int64_t was = atomic_load(&s->deadline);
-        slot_deadline_set(s, sc->deadline < was ? sc->deadline : was, now, 1);
+    else if (sc->deadline < atomic_load(&s->deadline) || s->top == self) {
+        atomic_store(&s->deadline, sc->deadline < atomic_load(&s->deadline)
+                                       ? sc->deadline
+                                       : atomic_load(&s->deadline));
+        if (atomic_load(&s->state) != SLOT_INJECTED)
+            atomic_store(&s->state,
+                         atomic_load(&s->deadline) == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
+        atomic_fetch_add(&s->gen, 1);
+        prearm_on_enter(s, now);
+        wd_notify(s, sc->deadline, now);
     }
     Py_INCREF(self);
     return self;
@@ -393,7 +400,8 @@ static int run_exit_hook(tc_slot *s, PyObject *hook, PyObject *self, PyObject *e
     atomic_fetch_add(&s->gen, 1);
     /* Inside an enclosing shield nothing is held here: that shield's exit
      * delivers it. */
-    held = atomic_load(&s->shield) == 0 && slot_held(s, now_ns());
+    held = atomic_load(&s->shield) == 0 &&
+           (s->fired != NULL || (s->top != NULL && stack_due(s->top, now_ns()) != NULL));
     if (!held)
         wd_notify(s, atomic_load(&s->deadline), 0);
     return held;
@@ -419,10 +427,7 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     /* From here to the end no bytecode runs and the GIL is never released:
      * the interrupt cannot land after this point. */
     now = now_ns();
-    if (stack_pop_stale_above(s, self) > 0)
-        slot_publish(s); /* a fired one among them left the slot IDLE: ARMED
-                          * again (this scope is still on the stack) before
-                          * the backstop below may fire it */
+    stack_pop_stale_above(s, self);
     s->top = sc->parent; /* the slot's reference moves to the parent */
     sc->parent = NULL;
     sc->state = SCOPE_DONE;
@@ -452,7 +457,7 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
         s->fired = self;
         sc->expired = 1;
         sc->fired_at = now;
-        slot_to(s, SLOT_INJECTED);
+        atomic_store(&s->state, SLOT_INJECTED);
         STAT_INC(exit_expiries);
     }
     if (s->fired == self) {
@@ -463,6 +468,9 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
          * GIL hand-backs cost whole switch intervals next to busy threads,
          * and the cancelled job's block exited long after it had stopped) */
         atomic_store(&s->exit_until, now + TC_FAST_HOLD_NS);
+    }
+    else if (atomic_load(&s->state) == SLOT_INJECTED && s->fired == NULL) {
+        atomic_store(&s->state, SLOT_IDLE); /* a shielded or stale leftover */
     }
     if (sc->soft_pending) {
         /* A soft-limit exception raised into the block and not delivered
