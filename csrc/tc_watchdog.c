@@ -10,7 +10,8 @@
  * The watchdog plans WITHOUT the GIL (wd_plan reads the slots' atomics under
  * g_mu), sleeps on a futex until the next event, then takes the GIL and acts
  * (wd_sweep).  It never holds g_mu while it waits for the GIL; it takes g_mu
- * while holding the GIL.  It has all signals blocked, timer slack 1 ns, and
+ * while holding the GIL.  It has all signals blocked but its own faults (so
+ * that faulthandler can report one), timer slack 1 ns, and
  * one thread state of its own, made once and reused.
  *
  * Free-threaded (TC_FREE_THREADED): there is no GIL to wait for, so no

@@ -6,7 +6,8 @@
  * (timeoutcore.c), after tc_wd_fire.c.
  *
  * Who calls what: wd_main runs in the watchdog thread, which has
- * all signals blocked and one thread state of its own; it plans without the
+ * all signals blocked but its own faults (wd_ensure) and one thread state
+ * of its own; it plans without the
  * GIL and takes it only to act (tc_watchdog.c).  wd_ensure and wd_stop run with the GIL
  * (released while waiting or joining); wd_forget_after_fork in the fork
  * child, where no other thread exists.  Nothing here runs in a signal
@@ -175,7 +176,8 @@ static void *wd_main(void *arg)
 }
 
 /* Start the watchdog if it is not running.  GIL held.  Its signal mask
- * blocks everything: the core's signal must only reach guarded threads.
+ * blocks everything but faults of its own: the core's signal must only
+ * reach guarded threads.
  * `wait`: a block is about to start -- let the GIL go until the watchdog is
  * ready (below).  (Not in a fork child's restart: that thread runs on at
  * once, as it did in the parent.) */
