@@ -320,7 +320,7 @@ def _hammer(port: int, seconds: float, clients: int = 4) -> float:
 
 @pytest.mark.benchmark(group="asgi")
 def test_fastapi_throughput(benchmark: BenchmarkFixture, servers: dict[str, _Uvicorn]) -> None:
-    rounds, seconds = 10, 1.0
+    rounds, seconds = 20, 1.0
     rates: dict[str, list[float]] = {}
 
     def run() -> None:

@@ -8,6 +8,7 @@ token is back, and nothing surfaces after the request.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Iterator
@@ -99,3 +100,63 @@ def test_a_blocked_sync_endpoint_gets_504_and_its_thread_leaves(backend: str) ->
     assert 0.3 <= took < 5.0, took
     assert len(left) == 1 and borrowed == 0  # the thread left before the 504 went out
     assert fast_status == 200 and fast_body == b'{"ok":true}'
+
+
+def _is_ours(value: object) -> bool:
+    return type(value).__module__.startswith("timeoutcore")
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_the_context_a_server_copies_as_the_response_ends_holds_nothing_of_it(
+        backend: str) -> None:
+    """A server copies the request's context as its last body message goes out (uvicorn's
+    keep-alive timer, whose cancelled handle stays in the loop a while): that copy keeps
+    nothing of the middleware's alive, for a plain response and for a streaming one (sent
+    from a child task on some Starlette versions). A request object held there would keep
+    its deadline entry and closures alive past the request -- enough garbage to wake the
+    collector every few dozen requests of a busy server."""
+    from starlette.responses import StreamingResponse
+
+    def chunks() -> Iterator[bytes]:
+        yield b"a"
+        yield b"b"
+
+    def streamed(request: Any) -> StreamingResponse:
+        return StreamingResponse(chunks())
+
+    def fast(request: Any) -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    app = Starlette(routes=[Route("/fast", fast), Route("/stream", streamed)],
+                    middleware=[Middleware(DeadlineMiddleware, seconds=30)])
+    copies: list[contextvars.Context] = []
+
+    async def call(path: str) -> bytes:
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
+                 "query_string": b"", "root_path": "", "headers": [],
+                 "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1)}
+        body = b""
+
+        async def receive() -> dict[str, Any]:
+            await anyio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal body
+            if message["type"] == "http.response.body":
+                body += message.get("body", b"")
+                if not message.get("more_body", False):
+                    copies.append(contextvars.copy_context())  # as the server does
+
+        await app(scope, receive, send)
+        return body
+
+    async def main() -> tuple[bytes, bytes]:
+        return await call("/fast"), await call("/stream")
+
+    fast_body, stream_body = anyio.run(main, backend=backend)
+    assert fast_body == b'{"ok":true}' and stream_body == b"ab"
+    assert len(copies) == 2
+    for copy in copies:
+        assert not [v for v in copy.values() if _is_ours(v)]  # broken: the request is held

@@ -63,7 +63,8 @@ class _Request:
         self.deadline = deadline  # time.monotonic()
         self.label = label  # "GET /path": the scope label of its thread calls
         self.active = True  # False once the response is complete
-        # Lifts the loop-side deadline once the response is complete (set by the backend).
+        # Lifts the loop-side deadline once the response is complete: on asyncio the
+        # entry's end (below), on other backends set by the backend.
         self.lift: Callable[[], None] = _nothing
         # asyncio: the request's loop-side deadline (None on other backends).
         self.entry: Optional[Entry] = None
@@ -242,7 +243,7 @@ class DeadlineMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.limit_for(scope.get("path", ""))
+        limit = self.limit_for(scope.get("path", "")) if self.routes else self.seconds
         if limit is None:
             await self.app(scope, receive, send)
             return
@@ -251,15 +252,33 @@ class DeadlineMiddleware:
         request = _Request(begun + limit, label)
         started = False
         soft = None if self.soft_limit is None else self._soft_timer(label)
+        token: Optional[contextvars.Token[Optional[_Request]]] = None
 
         async def guarded_send(message: Message) -> None:
-            nonlocal started
+            nonlocal started, token
             kind = message["type"]
             if kind == "http.response.start":
                 started = True
             elif kind == "http.response.body" and not message.get("more_body", False):
                 request.active = False  # complete: what follows runs without the deadline
-                request.lift()
+                if request.deadlines is not None:
+                    assert request.entry is not None
+                    request.deadlines.end(request.entry)
+                else:
+                    request.lift()
+                # Rule: the request leaves the context before the last body goes out. The
+                # server copies the context then (uvicorn's keep-alive timer, a cancelled
+                # handle that stays in the loop's heap for a while), and a copy that holds
+                # the request holds its entry and closures: a few objects per request that
+                # outlive it, enough to make the collector run every few dozen requests.
+                # The token works only in the context that made it; a response sent from
+                # a child task (a streaming one) sets None there instead.
+                if token is not None:
+                    try:
+                        _current.reset(token)
+                        token = None
+                    except ValueError:
+                        _current.set(None)
             await send(message)
 
         token = _current.set(request)
@@ -275,12 +294,11 @@ class DeadlineMiddleware:
                 deadlines = self._deadlines
                 if deadlines is None or deadlines.loop is not loop:
                     deadlines = self._deadlines = LoopDeadlines(loop, self.stop_wait)
-                task = asyncio.current_task()
+                task = asyncio.current_task(loop)
                 assert task is not None  # an ASGI server runs each request in a task
                 entry = deadlines.add(loop.time() + limit, task)
                 request.entry = entry
                 request.deadlines = deadlines
-                request.lift = functools.partial(deadlines.end, entry)
                 # Rule: settle() runs exactly once, whatever way the app ends: it takes back
                 # the deadline's cancel request (as asyncio.timeout's exit does).
                 try:
@@ -300,7 +318,8 @@ class DeadlineMiddleware:
                     stopped = entry.expired  # the app itself swallowed the deadline's cancel
                     deadlines.settle(entry)
         finally:
-            _current.reset(token)
+            if token is not None:
+                _current.reset(token)
             if soft is not None:
                 soft.cancel()
         if self.soft_limit is not None and soft is None and \
