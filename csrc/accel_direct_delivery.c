@@ -28,7 +28,9 @@
  * both with the GIL; CPython's own SetAsyncExc callers likewise.  The thread
  * reads it only with the GIL, in _Py_HandlePending after it took the GIL
  * back.  Between the checks below and the store it cannot run (we hold the
- * GIL), so it resumes at the instruction judged.  Exceptions to "first
+ * GIL, and the collector is off while we look at its frames, so no
+ * finalizer of ours lets the GIL go: tc_internal.h, frames_look_begin), so
+ * it resumes at the instruction judged.  Exceptions to "first
  * thing": a thread paused elsewhere in _Py_HandlePending -- in a Python
  * signal handler (main thread only: excluded), in a pending call (main
  * thread only on 3.11-3.12), or in a garbage collection whose C finalizer
@@ -41,18 +43,22 @@
 static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
 {
     PyFrameObject *f;
-    int ok;
+    int ok, gc;
     if (s == t_slot || t == NULL || s->pending != NULL || s->async_pending ||
         s->ident == tc_main_thread() || tc_gc_collecting() || interrupt_in_flight(t))
         return 0;
-    if ((f = PyThreadState_GetFrame(t)) == NULL)
+    gc = frames_look_begin(); /* the judgement holds only if the GIL stays */
+    if ((f = PyThreadState_GetFrame(t)) == NULL) {
+        frames_look_end(gc);
         return 0;
+    }
     ok = tc_back_edge_in_loop(f);
     if (ok) {
         Py_INCREF(f); /* stack_protected consumes one */
         ok = !stack_protected(f, scope != NULL ? as_scope(scope) : NULL, NULL);
     }
     Py_DECREF(f);
+    frames_look_end(gc);
     if (!ok || PyThreadState_SetAsyncExc(s->ident, g_interrupt) != 1)
         return 0;
     s->async_pending = 1;

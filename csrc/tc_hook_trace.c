@@ -163,7 +163,12 @@ static void hook_nudge(tc_slot *s, PyThreadState *t)
         if (hook_arm(s, t) < 0)
             return;
     }
-    if ((f = PyThreadState_GetFrame(t)) == NULL)
+    {
+        int gc = frames_look_begin(); /* tc_internal.h */
+        f = PyThreadState_GetFrame(t);
+        frames_look_end(gc);
+    }
+    if (f == NULL)
         return;
     if ((PyObject *)f == s->op_frame) {
         Py_DECREF(f);

@@ -162,6 +162,26 @@ typedef struct tc_slot {
  * tc_compat.h: tc_find_tstate, never on a free-threaded build). */
 #define slot_find_tstate(s) tc_find_tstate((s)->ident, atomic_load(&(s)->tstate_id))
 
+/* Rule: ANOTHER thread's frames are looked at with the collector off (GIL
+ * held; the watchdog, a cancelling thread).  PyThreadState_GetFrame and
+ * PyFrame_GetBack make frame objects; that allocation may start a
+ * collection, whose finalizers run Python code, which may let the GIL go.
+ * The other thread then runs on: it may leave the frames being read, or
+ * end and free them with its thread state -- and CPython reads the frame
+ * right after the allocation (_PyFrame_MakeAndSetFrameObject), so the look
+ * itself crashed (a finalizer that slept, a thread that ended meanwhile:
+ * tests/test_watchdog.py).  With the collector off, nothing called while
+ * looking runs Python code.  Rejected: checking the thread afterwards -- the
+ * read that crashes is inside CPython's own call.  PyGC_Disable is public
+ * API (3.10+); its previous state is put back, so a collector the program
+ * switched off stays off. */
+static inline int frames_look_begin(void) { return PyGC_Disable(); }
+static inline void frames_look_end(int was)
+{
+    if (was)
+        (void)PyGC_Enable();
+}
+
 /* -- Scope: the object behind `with thread_deadline(...)` -------------------- */
 
 enum { SCOPE_NEW = 0, SCOPE_ACTIVE = 1, SCOPE_DONE = 2 };

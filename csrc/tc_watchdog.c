@@ -207,7 +207,13 @@ static int slot_due_now(tc_slot *s, int64_t now)
 static void wd_prune_slot(tc_slot *s)
 {
     PyThreadState *t = slot_find_tstate(s);
-    if (t != NULL && slot_prune_stale(s, PyThreadState_GetFrame(t)))
+    int gc, pruned;
+    if (t == NULL)
+        return;
+    gc = frames_look_begin(); /* tc_internal.h */
+    pruned = slot_prune_stale(s, PyThreadState_GetFrame(t));
+    frames_look_end(gc);
+    if (pruned)
         slot_publish(s);
 }
 

@@ -294,6 +294,77 @@ def test_a_fault_in_the_watchdog_is_reported_by_faulthandler(tmp_path: Any) -> N
     assert "Fatal Python error: Segmentation fault" in r.stderr, r.stderr[-2000:]
 
 
+#: A child: a collection starts in the watchdog while it delivers to a spinning thread, and
+#: its finalizer lets the GIL go long enough for that thread to leave its block and end.
+_FINALIZER_LETS_GIL_GO = r"""
+import faulthandler, gc, sys, threading, time
+faulthandler.enable()
+import timeoutcore
+from timeoutcore import _native
+
+stop = [False]
+in_watchdog = []
+
+
+class Garbage:
+    def __init__(self):
+        self.me = self  # a cycle: only a collection frees it
+
+    def __del__(self):
+        if threading.get_native_id() != _native.watchdog_native_id():
+            Garbage()  # collected elsewhere: leave one for the watchdog's next collection
+            return
+        in_watchdog.append(1)
+        stop[0] = True
+        time.sleep(0.2)  # the GIL goes: the thread leaves its loop and its block, and ends
+
+
+def spin():
+    try:
+        with timeoutcore.thread_deadline(0.05):
+            while not stop[0]:
+                pass
+    except timeoutcore.DeadlineExceeded:
+        pass
+
+
+for _ in range(int(sys.argv[1])):
+    stop[0] = False
+    t = threading.Thread(target=spin)
+    t.start()
+    time.sleep(0.01)
+    Garbage()
+    was = gc.get_threshold()
+    gc.set_threshold(1)  # the next allocation collects: in the watchdog, as it delivers
+    t.join()  # no timeout: a timed join allocates, and would collect here first
+    gc.set_threshold(*was)
+    time.sleep(0.2)
+gc.collect()
+print("in_watchdog", len(in_watchdog), "hooked_now", _native.stats()["hooked_now"])
+"""
+
+
+@pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="the C core's watchdog")
+@pytest.mark.skipif(FREE_THREADED, reason="no GIL to let go: the watchdog never looks at "
+                    "another thread's frames there")
+@pytest.mark.parametrize("accel", ["all", "none", "direct_delivery"])
+def test_a_finalizer_that_lets_the_gil_go_while_the_watchdog_delivers(
+        tmp_path: Any, accel: str) -> None:
+    """The watchdog looks at the stopped thread's frames (is it at a loop's back-edge? in
+    protected code?); the frame objects it makes there may start a collection, and a
+    finalizer that lets the GIL go lets the thread run on and end. The watchdog never
+    touches that thread's frames or state afterwards: before, it crashed reading a frame
+    freed with the thread (direct_delivery, in CPython's frame object creation)."""
+    import subprocess
+
+    env = dict(os.environ, TIMEOUTCORE_ACCEL=accel)
+    r = subprocess.run([sys.executable, "-c", _FINALIZER_LETS_GIL_GO, "4"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, (r.returncode, r.stderr[-3000:])  # broken: a segfault
+    words = r.stdout.split()  # where the watchdog collects depends on the accelerators on
+    assert int(words[words.index("hooked_now") + 1]) == 0, r.stdout  # no hook stayed armed
+
+
 # --- _wait_readable: the registry's subscriber's wait --------------------------------------
 
 
