@@ -47,19 +47,17 @@ static void anticipation_refresh(void)
     atomic_store(&g_ant.switch_ns, 0);
     return;
 #endif
-    /* sys from sys.modules, not an import: no import lock for the watchdog. */
-    static PyObject *name; /* interned once, kept: GIL held */
+    /* sys.getswitchinterval from the sys module's dict: no import (no import
+     * lock for the watchdog) and nothing the collector tracks is made.
+     * Rejected: PyImport_GetModule("sys") -- its check of the module's spec
+     * made and dropped an AttributeError at every pass, which could start a
+     * collection, and so run arbitrary finalizers, in the watchdog. */
     double v = 0.0;
-    if (name == NULL)
-        name = PyUnicode_InternFromString("sys");
-    PyObject *mod = name != NULL ? PyImport_GetModule(name) : NULL;
-    if (mod != NULL) {
-        PyObject *r = PyObject_CallMethod(mod, "getswitchinterval", NULL);
-        Py_DECREF(mod);
-        if (r != NULL) {
-            v = PyFloat_AsDouble(r);
-            Py_DECREF(r);
-        }
+    PyObject *fn = PySys_GetObject("getswitchinterval"); /* borrowed */
+    PyObject *r = fn != NULL ? PyObject_CallNoArgs(fn) : NULL;
+    if (r != NULL) {
+        v = PyFloat_AsDouble(r);
+        Py_DECREF(r);
     }
     if (PyErr_Occurred())
         PyErr_Clear();
