@@ -8,9 +8,9 @@
  * slot), the 3.11 self pre-arm (a deadline nearer than the lead), and the
  * watchdog's loop, which learns the crowd from each take and, with the GIL
  * come early, either gives it back until just before the deadline
- * (requeue) or holds it up to the deadline -- that part stays in the loop
- * (tc_wd_main.c): it is what the core does whenever it holds the GIL ahead
- * of a deadline, and with the lead 0 it is not reached.  Off (or
+ * (requeue) or holds it up to the deadline -- that part is the watchdog's
+ * lead (tc_wd_fire.c: wd_lead): it is what the core does whenever it holds
+ * the GIL ahead of a deadline, and with the lead 0 it is not reached.  Off (or
  * free-threaded), the lead is 0.  Part of the unity build (timeoutcore.c),
  * before tc_watchdog.c.
  */

@@ -123,6 +123,65 @@ static void fast_leave(void)
     pthread_mutex_unlock(&g_fast.mu);
 }
 
+/* The planner (tc_watchdog.c: wd_plan, under g_mu; the watchdog's without
+ * the GIL, fast_close_after_claim's with it), for
+ * each live slot `s` at `now`: until when it keeps the window open
+ * (raises *fast_until) and when the watchdog should look again without
+ * acting (lowers *look_at). */
+static void fast_window_plan(tc_slot *s, int64_t now, int64_t *fast_until, int64_t *look_at)
+{
+    int64_t fu, keep = atomic_load(&s->exit_until);
+    /* A fired interrupt on its way, or the exit that claimed it running
+     * its hooks (tc_scope.c: Scope_exit): its thread must get the GIL
+     * back soon whenever it lets it go.  While it holds it, nobody else
+     * need switch faster: the watchdog looks again after half the time
+     * since the fire or claim (at least TC_WATCH_POLL_NS; a thread
+     * deferred in protected code costs it a few looks, not a window).
+     * Opening it at every look instead kept it open for most of each
+     * deadline in a busy pool whose deadlines their own threads fire:
+     * the look came before the claim. */
+    if (atomic_load(&s->state) == SLOT_INJECTED && (fu = atomic_load(&s->fast_until)) > keep)
+        keep = fu;
+    if (keep > now && tc_lower_switch_supported() && slot_holds_gil(s)) {
+        int64_t since = now - (keep - TC_FAST_HOLD_NS), again = since / 2;
+        again = now + (again > TC_WATCH_POLL_NS ? again : TC_WATCH_POLL_NS);
+        if (again < *look_at)
+            *look_at = again;
+    }
+    else if (keep > *fast_until)
+        *fast_until = keep;
+    if ((fu = atomic_load(&s->linger_until)) > *fast_until) /* fast_after_claim */
+        *fast_until = fu;
+    /* pre-armed: from its deadline, a thread that does not hold the GIL
+     * must get it soon (if it has not fired by the grace's end, the
+     * watchdog's fire takes over); one that holds it fires at its next
+     * line, and nobody else need switch faster for it.  Before the
+     * deadline the window stays shut for it: the watchdog looks again
+     * at the deadline itself (look_at) -- or, for a sleeping tracer,
+     * the thread's alarm handler wakes it if the thread is off the GIL
+     * (sleeping_tracer_on_signal).  No window, no look
+     * (free-threaded). */
+    if (atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->prearmed)) {
+        int64_t d = atomic_load(&s->deadline);
+        if (d > now) {
+            if (d < *look_at && !sleeping_tracer_asleep(s) && tc_lower_switch_supported())
+                *look_at = d;
+        }
+        else if ((fu = d + TC_PREARM_GRACE_NS) > *fast_until && !slot_holds_gil(s))
+            *fast_until = fu;
+    }
+    /* due, watched, its thread off the GIL: it must get it back soon */
+    if (atomic_load(&s->state) == SLOT_ARMED && !atomic_load(&s->prearmed) &&
+        self_fire_look_at(s) != 0 && (fu = atomic_load(&s->deadline)) <= now && fu + TC_WATCH_BACK_NS > *fast_until &&
+        !slot_holds_gil(s))
+        *fast_until = fu + TC_WATCH_BACK_NS;
+    /* a cancel off the control channel: its thread will want the GIL */
+    if (atomic_load(&s->state) == SLOT_ARMED &&
+        (fu = remote_relay_marked_at(s)) != TC_NEVER &&
+        (fu += TC_FAST_HOLD_NS) > *fast_until)
+        *fast_until = fu;
+}
+
 /* A scope's exit has claimed its interrupt (GIL held, any thread): close the
  * window here if nothing else keeps it open, instead of waking the watchdog
  * to do it -- a futex wake of a thread on another CPU costs the exiting

@@ -35,7 +35,8 @@
  *     and stores atomics (Scope.relay, tc_slot.relay); then wakes the
  *     watchdog.  It never touches a Python object.
  *   remote_relay_apply: with the GIL / core lock, at fire time (slot_fire,
- *     pc_fire, and the watchdog's due test): a marked scope that is still
+ *     pc_fire), and in the owner thread as its last shield or exit hook
+ *     ends (tc_slot.c: slot_held): a marked scope that is still
  *     on its slot's stack, active and not expired, is cancelled exactly as
  *     DeadlineScope.cancel() does it -- `_cancelled` set, deadline now --
  *     before the due scope is looked for.  A mark for a scope that has

@@ -128,7 +128,7 @@ static int sleeping_tracer_on_signal(tc_slot *s)
 }
 #endif
 
-/* The slot's effective deadline changed to `d` (tc_slot.c: slot_publish; a
+/* The slot's effective deadline changed to `d` (tc_slot.c: slot_deadline_set; a
  * reschedule, a cancel, a scope's entry or exit): a sleeping tracer's alarm
  * follows it (a cancel: at once).  Returns 1 if the timer is
  * the alarm's. */

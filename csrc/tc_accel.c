@@ -161,6 +161,28 @@ static int accel_setup(void)
     return 0;
 }
 
+/* The accelerators' part of the signal handler (tc_os.c: tc_handler), in
+ * slot `s`'s thread, for a signal of its own kernel timer; the core's part
+ * is errno and a counter.  With both accelerators below off it does
+ * nothing (their hooks return at their first test).
+ * Why these two run in the handler, and not in the watchdog or a pending
+ * call (the rule for everything else):
+ *   - sleeping_tracer (3.11) turns on the tracing byte of the frame data
+ *     the thread is running, which lives on that thread's C stack: another
+ *     thread may write it only while holding the GIL (as CPython's own
+ *     _PyEval_SetTrace does), and the point of the alarm is that nobody
+ *     has to win the GIL first; a pending call runs only in the main
+ *     thread on 3.11.
+ *   - rescue moves the watchdog onto the CPU this thread is running on,
+ *     because the watchdog, due, is not getting one: at that moment only
+ *     this thread is running here to give it up.
+ * What each does there is async-signal-safe (tc_accel.h, at its hook). */
+static void accel_on_signal(struct tc_slot *s)
+{
+    if (!sleeping_tracer_on_signal(s)) /* not the tracer's alarm */
+        rescue_on_signal(s);
+}
+
 /* cffi entry points (timeoutcore.h), any thread, after tc_export. */
 int tc_accel_count(void) { return ACCEL_N; }
 

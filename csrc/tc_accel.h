@@ -24,7 +24,7 @@
  *   reports runs either way (anticipation_learn's crowd, the remote arms
  *   the registry makes, the watchdog's start set for a rescue).  A hook
  *   never moves a slot between states itself: a fire is the core's
- *   slot_fire, a deadline change ends in the core's slot_publish, as for
+ *   slot_fire, a deadline change ends in the core's slot_deadline_set, as for
  *   any other caller.
  *   State.  An accelerator's process-wide state is one static struct in its
  *   own file.  What it keeps per slot or per scope is a struct of its own
@@ -130,8 +130,9 @@ static int remote_relay_on_readable(int fd);
  * cancel made slot `s` due (TC_NEVER: none). */
 static int64_t remote_relay_marked_at(struct tc_slot *s);
 
-/* At fire time (slot_fire, pc_fire), GIL held: turn the marks on slot `s`
- * into cancels, as DeadlineScope.cancel() does them. */
+/* At fire time (slot_fire, pc_fire) and as a shield ends (slot_held), GIL
+ * held: turn the marks on slot `s` into cancels, as DeadlineScope.cancel()
+ * does them. */
 static void remote_relay_apply(struct tc_slot *s, int64_t now);
 
 /* pthread_atfork, in the forking thread (prepare, parent) and in the child
@@ -169,6 +170,12 @@ static void anticipation_figures(int64_t *lead, int64_t *switch_ns, int64_t *cro
  * tc_switch_setup, called by accel_setup): without it, tc_lower_switch_
  * supported() is 0 and every hook here does nothing.  The window's mutex
  * is never held together with g_mu. */
+
+/* The planner, under g_mu, with or without the GIL (tc_watchdog.c: wd_plan), for
+ * each live slot: until when it keeps the window open, and when to look
+ * again without acting (a fired thread holding the GIL needs no window). */
+static void fast_window_plan(struct tc_slot *s, int64_t now, int64_t *fast_until,
+                             int64_t *look_at);
 
 /* The watchdog, with or without the GIL: open / close the window. */
 static void fast_enter(void);
@@ -286,7 +293,7 @@ static void sleeping_tracer_wake(struct tc_slot *s, PyThreadState *t, int on);
  * and one byte store into the thread's own cframe. */
 static int sleeping_tracer_on_signal(struct tc_slot *s);
 
-/* GIL (slot_publish, prearm_on_enter): the slot's effective deadline
+/* GIL (slot_deadline_set, prearm_on_enter): the slot's effective deadline
  * changed to `d`; a sleeping tracer's alarm follows it.  1 if the slot's
  * timer is the alarm's (the core then leaves the backstop alone). */
 static int sleeping_tracer_follow(struct tc_slot *s, int64_t d);

@@ -169,6 +169,7 @@ void tc_get_stats(struct tc_stats *o)
     o->due_relays = atomic_load(&g_st.due_relays);
     o->dropped = atomic_load(&g_st.dropped);
     o->dropped_learned = atomic_load(&g_st.dropped_learned);
+    o->bad_moves = atomic_load(&g_st.bad_moves);
     o->fast_ns = atomic_load(&g_st.fast_ns);
     o->prearms = atomic_load(&g_st.prearms);
     o->self_fires = atomic_load(&g_st.self_fires);

@@ -50,11 +50,12 @@
 
 /* -- Slots: one per thread that ever entered a scope or shield -------------- */
 
-/* Delivery state of a slot (tc_slot.c is its state machine):
- *   IDLE      no deadline on the stack;
+/* Delivery state of a slot; tc_slot.c opens with its transition table and
+ * is its only writer (slot_to):
+ *   IDLE      no deadline on the stack, nothing fired;
  *   ARMED     a deadline is on the stack, not fired;
- *   INJECTED  an interrupt was raised into the thread (s->fired says for
- *             which scope; NULL for a shielded or stale leftover). */
+ *   INJECTED  a scope on the stack fired and is not claimed yet (exactly
+ *             when s->fired is set). */
 enum { SLOT_IDLE = 0, SLOT_ARMED = 1, SLOT_INJECTED = 2 };
 
 typedef struct tc_slot {
@@ -92,7 +93,7 @@ typedef struct tc_slot {
                                       waiter had asked for the GIL
                                       (fast_after_claim)                   */
     _Atomic uint64_t gen;          /* bumped on every change of the above  */
-    _Atomic int state;             /* SLOT_*                               */
+    _Atomic int state;             /* SLOT_*, only through slot_to         */
     _Atomic int64_t reinject_at;   /* next re-injection when INJECTED      */
     _Atomic int64_t fast_until;    /* fired: the fast window holds for it
                                       until then (0: not, or claimed)      */
@@ -251,7 +252,7 @@ static struct {
         rewait_errors, gil_holds, prepared, direct_raises, pending_calls, pending_raises,
         pending_handovers, watch_sleeps, remote_cancels, remote_relays, exit_lingers, pins, rescues,
         tracer_sleeps, tracer_alarms, back_waits, exit_expiries, due_relays, dropped,
-        dropped_learned;
+        dropped_learned, bad_moves;
 } g_st;
 #define STAT_INC(f) atomic_fetch_add_explicit(&g_st.f, 1, memory_order_relaxed)
 #define STAT_DEC(f) atomic_fetch_sub_explicit(&g_st.f, 1, memory_order_relaxed)

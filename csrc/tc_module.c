@@ -55,7 +55,7 @@ static PyObject *Shield_exit_locked(PyObject *self, PyObject *const *args, Py_ss
     if (atomic_fetch_sub(&s->shield, 1) == 1) {
         int64_t now = now_ns();
         atomic_fetch_add(&s->gen, 1);
-        if (s->fired != NULL || stack_due(s->top, now) != NULL)
+        if (slot_held(s, now))
             return slot_deliver_held(s, now); /* here, synchronously */
         wd_notify(s, atomic_load(&s->deadline), 0);
     }

@@ -117,9 +117,8 @@ static void tc_handler(int signo, siginfo_t *si, void *uc)
     (void)signo;
     (void)uc;
     STAT_INC(signals_seen);
-    if (si != NULL && si->si_code == SI_TIMER && si->si_value.sival_ptr != NULL &&
-        !sleeping_tracer_on_signal((tc_slot *)si->si_value.sival_ptr)) /* not its alarm */
-        rescue_on_signal((tc_slot *)si->si_value.sival_ptr);
+    if (si != NULL && si->si_code == SI_TIMER && si->si_value.sival_ptr != NULL)
+        accel_on_signal((tc_slot *)si->si_value.sival_ptr); /* tc_accel.c */
     errno = saved;
 }
 

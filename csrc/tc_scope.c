@@ -298,16 +298,9 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
         slot_publish(s);
         (void)slot_fire(s, now, 0);
     }
-    else if (sc->deadline < atomic_load(&s->deadline) || s->top == self) {
-        atomic_store(&s->deadline, sc->deadline < atomic_load(&s->deadline)
-                                       ? sc->deadline
-                                       : atomic_load(&s->deadline));
-        if (atomic_load(&s->state) != SLOT_INJECTED)
-            atomic_store(&s->state,
-                         atomic_load(&s->deadline) == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
-        atomic_fetch_add(&s->gen, 1);
-        prearm_on_enter(s, now);
-        wd_notify(s, sc->deadline, now);
+    else {
+        int64_t was = atomic_load(&s->deadline);
+        slot_deadline_set(s, sc->deadline < was ? sc->deadline : was, now, 1);
     }
     Py_INCREF(self);
     return self;
@@ -400,8 +393,7 @@ static int run_exit_hook(tc_slot *s, PyObject *hook, PyObject *self, PyObject *e
     atomic_fetch_add(&s->gen, 1);
     /* Inside an enclosing shield nothing is held here: that shield's exit
      * delivers it. */
-    held = atomic_load(&s->shield) == 0 &&
-           (s->fired != NULL || (s->top != NULL && stack_due(s->top, now_ns()) != NULL));
+    held = atomic_load(&s->shield) == 0 && slot_held(s, now_ns());
     if (!held)
         wd_notify(s, atomic_load(&s->deadline), 0);
     return held;
@@ -427,7 +419,10 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     /* From here to the end no bytecode runs and the GIL is never released:
      * the interrupt cannot land after this point. */
     now = now_ns();
-    stack_pop_stale_above(s, self);
+    if (stack_pop_stale_above(s, self) > 0)
+        slot_publish(s); /* a fired one among them left the slot IDLE: ARMED
+                          * again (this scope is still on the stack) before
+                          * the backstop below may fire it */
     s->top = sc->parent; /* the slot's reference moves to the parent */
     sc->parent = NULL;
     sc->state = SCOPE_DONE;
@@ -457,7 +452,7 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
         s->fired = self;
         sc->expired = 1;
         sc->fired_at = now;
-        atomic_store(&s->state, SLOT_INJECTED);
+        slot_to(s, SLOT_INJECTED);
         STAT_INC(exit_expiries);
     }
     if (s->fired == self) {
@@ -468,9 +463,6 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
          * GIL hand-backs cost whole switch intervals next to busy threads,
          * and the cancelled job's block exited long after it had stopped) */
         atomic_store(&s->exit_until, now + TC_FAST_HOLD_NS);
-    }
-    else if (atomic_load(&s->state) == SLOT_INJECTED && s->fired == NULL) {
-        atomic_store(&s->state, SLOT_IDLE); /* a shielded or stale leftover */
     }
     if (sc->soft_pending) {
         /* A soft-limit exception raised into the block and not delivered

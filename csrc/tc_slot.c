@@ -2,6 +2,53 @@
  * tc_slot.c -- per-thread slots, their scope stacks, and the delivery state
  * machine.  Part of the unity build (timeoutcore.c).
  *
+ * THE SLOT'S STATE (s->state; written only by slot_to, below)
+ *   IDLE      no deadline on the stack, nothing fired;
+ *   ARMED     a deadline on the stack (s->deadline is the earliest), not
+ *             fired;
+ *   INJECTED  a scope on the stack fired, and its exit has not claimed the
+ *             interrupt yet: s->fired is that scope.
+ *   Invariant, for a live slot: state == INJECTED exactly when s->fired !=
+ *   NULL (a dead slot's stack waits for its reuse, which clears both).  Whatever
+ *   qualifies a state is a flag of its own, never a state: `prearmed` (an
+ *   ARMED slot's hook is armed ahead, accel_prearm.c), `pending` (an
+ *   interrupt is on its way to the thread's next safe point, tc_deliver.c),
+ *   `shield` (nothing fires or surfaces while > 0).
+ *
+ *   from       to         by
+ *   IDLE       ARMED      slot_deadline_set: a deadline on the stack (enter,
+ *                         reschedule, a scope entered past its deadline)
+ *   ARMED      IDLE       slot_deadline_set: the last deadline gone (exit,
+ *                         reschedule(None))
+ *   ARMED      INJECTED   slot_fire (the decision: slot_fire_due; the callers:
+ *                         the watchdog's sweep, the thread's own check or
+ *                         hook, a cancelling thread, a held interrupt's
+ *                         shield or exit hook ending); and the exit's
+ *                         backstop (tc_scope.c: Scope_exit), the one fire
+ *                         outside slot_fire: its scope has left the stack
+ *                         already, nobody fired it, and its deadline passed
+ *   INJECTED   IDLE       slot_unfire: the fired scope's exit claimed it
+ *                         (slot_claim), or the fired scope left the stack
+ *                         without its exit (an exit skipped on 3.13, a
+ *                         generator's scope popped by its caller's exit);
+ *                         the publish that follows makes it ARMED if a
+ *                         deadline is left.  Never straight to ARMED: the
+ *                         deadline published then is the fired scope's,
+ *                         and the code between (a tracer put back, a
+ *                         reference dropped) may let the GIL go -- the
+ *                         watchdog's lead would pre-arm a hook for a block
+ *                         that is ending.  An IDLE slot nobody acts on.
+ *   X          X          any change that keeps the state (a new deadline
+ *                         while ARMED; a re-injection while INJECTED)
+ *   No other move is made; slot_to counts one that would be (stats:
+ *   bad_moves, which the integrity hammer requires to stay 0).  Resets that
+ *   need no GIL -- thread exit (slot_release), the fork child, slot reuse --
+ *   set IDLE directly: no Python code of that thread can run then.
+ *
+ * Every change of the slot's deadline goes through slot_deadline_set, the
+ * one choke point: it stores the deadline, moves the state, bumps `gen`
+ * (whoever planned with the old one plans again) and tells the watchdog.
+ *
  * Delivery, one named function per step (the safe point itself is
  * tc_deliver.c's; nothing outside these two files raises into a thread):
  *   slot_fire        a due scope fires: mark it, INJECTED, then raise here
@@ -23,6 +70,27 @@
  * Everything here runs with the GIL (free-threaded: inside the core lock,
  * tc_lock.h), except slot_release (thread exit).
  */
+
+/* -- The state ---------------------------------------------------------------- */
+
+/* slot_moves[from][to]: the moves of the table above. */
+static const unsigned char slot_moves[3][3] = {
+    /*               IDLE  ARMED  INJECTED */
+    /* IDLE     */ {1, 1, 0},
+    /* ARMED    */ {1, 1, 1},
+    /* INJECTED */ {1, 0, 1},
+};
+
+/* The only writer of s->state with the GIL (the resets above aside).  A
+ * slot whose thread is exiting meanwhile (slot_release: alive cleared
+ * before its reset) is not judged: the reset is no move of the table. */
+static void slot_to(tc_slot *s, int to)
+{
+    int from = atomic_load(&s->state);
+    if (!slot_moves[from][to] && atomic_load(&s->alive))
+        STAT_INC(bad_moves);
+    atomic_store(&s->state, to);
+}
 
 /* -- The scope stack ---------------------------------------------------------- */
 
@@ -46,17 +114,48 @@ static PyObject *stack_due(PyObject *top, int64_t now)
     return due;
 }
 
-/* Publish the slot's effective deadline after any change to its stack. */
-static void slot_publish(tc_slot *s)
+/* The choke point: slot s's earliest deadline is now `d` (GIL).  `now`: the
+ * caller's clock reading, or 0.  `enter`: a scope was just pushed, so `d`
+ * is no later than the deadline before -- the hot path, which leaves the
+ * kernel timer alone (a backstop armed for the later deadline belongs to
+ * the old gen, and whoever it would wake checks the gen) and lets the
+ * entering thread pre-arm itself; any other change disarms the backstop
+ * first (wd_notify arms it anew if the watchdog needs it). */
+static void slot_deadline_set(tc_slot *s, int64_t d, int64_t now, int enter)
 {
-    int64_t d = stack_min(s->top);
     atomic_store(&s->deadline, d);
     if (atomic_load(&s->state) != SLOT_INJECTED)
-        atomic_store(&s->state, d == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
+        slot_to(s, d == TC_NEVER ? SLOT_IDLE : SLOT_ARMED);
     atomic_fetch_add(&s->gen, 1);
-    if (!sleeping_tracer_follow(s, d))
-        timer_backstop_off(s); /* for the deadline it had: wd_notify arms anew */
-    wd_notify(s, d, 0);
+    if (enter)
+        prearm_on_enter(s, now);
+    else if (!sleeping_tracer_follow(s, d))
+        timer_backstop_off(s);
+    wd_notify(s, d, now);
+}
+
+/* Publish the slot's deadline after any change to its stack but a push. */
+static void slot_publish(tc_slot *s) { slot_deadline_set(s, stack_min(s->top), 0, 0); }
+
+/* The fired scope is claimed or gone: INJECTED -> IDLE (the table); the
+ * caller publishes. */
+static void slot_unfire(tc_slot *s)
+{
+    s->fired = NULL;
+    if (atomic_load(&s->state) == SLOT_INJECTED)
+        slot_to(s, SLOT_IDLE);
+}
+
+/* The owner thread (GIL), as the last shield or exit hook ends: is an
+ * interrupt held back for here -- one fired, or a deadline passed?  A
+ * cancel off the control channel that came meanwhile is applied first: a
+ * shield keeps slot_fire, which applies such cancels, away. */
+static int slot_held(tc_slot *s, int64_t now)
+{
+    if (s->fired != NULL)
+        return 1;
+    remote_relay_apply(s, now);
+    return s->top != NULL && stack_due(s->top, now) != NULL;
 }
 
 /* The attribute DeadlineScope.cancel() sets, which makes the exception a
@@ -89,7 +188,7 @@ static void stack_clear(tc_slot *s)
 {
     PyObject *p = s->top;
     s->top = NULL;
-    s->fired = NULL;
+    slot_unfire(s);
     while (p != NULL) {
         PyObject *parent = as_scope(p)->parent;
         scope_forget(as_scope(p));
@@ -113,7 +212,7 @@ static int stack_pop_stale_above(tc_slot *s, PyObject *target)
         if (s->pending_scope == p || s->fired == p)
             slot_take_back(s);
         if (s->fired == p)
-            s->fired = NULL;
+            slot_unfire(s); /* the caller publishes */
         scope_forget(as_scope(p));
         Py_DECREF(p);
         STAT_INC(stale_scopes);
@@ -166,22 +265,36 @@ static PyObject *slot_raise_here(tc_slot *s)
     return NULL;
 }
 
+/* THE FIRE DECISION, the one place that says whether a slot fires now
+ * (slot_fire asks it first; the exit's backstop is the one fire without
+ * it, the table says why): ARMED (never
+ * fired twice: INJECTED re-sends, slot_reinject), not shielded, and its
+ * deadline has passed or a cancel came off the control channel
+ * (accelerator remote_relay).  Read without the GIL by the watchdog's
+ * sweep to pick its slots, which asks again inside the core. */
+static int slot_fire_due(tc_slot *s, int64_t now)
+{
+    return atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->shield) == 0 &&
+           (atomic_load(&s->deadline) <= now || remote_relay_marked_at(s) != TC_NEVER);
+}
+
 /* Fire the outermost due scope, unless shielded.  `local`: we are the owner
  * thread; the error is set and the caller returns NULL.  Returns 1 if an
- * interrupt was raised (or set), 0 if nothing was due. */
+ * interrupt was raised (or set), 0 if the decision said no (nothing due,
+ * shielded, or fired already). */
 static int slot_fire(tc_slot *s, int64_t now, int local)
 {
+    if (!slot_fire_due(s, now))
+        return 0;
     remote_relay_apply(s, now); /* a cancel off the control channel: due now */
     PyObject *due = stack_due(s->top, now);
-    if (due == NULL || atomic_load(&s->shield) > 0)
+    if (due == NULL)
         return 0;
     atomic_store(&s->prearmed, 0); /* fired: the hook stays armed for the delivery */
-    if (s->fired == NULL) {
-        s->fired = due;
-        as_scope(due)->expired = 1;
-        as_scope(due)->fired_at = now;
-    }
-    atomic_store(&s->state, SLOT_INJECTED);
+    s->fired = due;
+    as_scope(due)->expired = 1;
+    as_scope(due)->fired_at = now;
+    slot_to(s, SLOT_INJECTED);
     s->reinject_step = TC_REINJECT_FIRST_NS;
     atomic_store(&s->reinject_at, now + s->reinject_step);
     STAT_INC(fires);
@@ -226,8 +339,7 @@ static void slot_reinject(tc_slot *s, int64_t now)
 static void slot_claim(tc_slot *s)
 {
     atomic_store(&s->fast_until, 0);
-    s->fired = NULL;
-    atomic_store(&s->state, SLOT_IDLE);
+    slot_unfire(s);
     slot_take_back(s);
 }
 
@@ -250,7 +362,7 @@ static int slot_check(tc_slot *s)
     int64_t now;
     if (s == NULL || s->top == NULL || atomic_load(&s->shield) > 0)
         return 0;
-    if (atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL) {
+    if (atomic_load(&s->state) == SLOT_INJECTED) {
         slot_raise_here(s);
         return 1;
     }
@@ -259,7 +371,7 @@ static int slot_check(tc_slot *s)
         return 1;
     }
     now = now_ns();
-    return atomic_load(&s->deadline) <= now && slot_fire(s, now, 1);
+    return slot_fire(s, now, 1);
 }
 
 /* -- Stale scopes (3.13, cpython#130279) -------------------------------------- */
@@ -331,15 +443,13 @@ static int slot_prune_stale(tc_slot *s, PyFrameObject *cur)
         return 0;
     stack_pop_stale_above(s, stale); /* everything above it */
     s->top = as_scope(stale)->parent; /* and the stale scope itself */
-    if (s->fired == stale)
-        s->fired = NULL;
+    if (s->fired == stale) {
+        slot_take_back(s);
+        slot_unfire(s);
+    }
     scope_forget(as_scope(stale));
     Py_DECREF(stale);
     STAT_INC(stale_scopes);
-    if (s->fired == NULL && atomic_load(&s->state) == SLOT_INJECTED) {
-        slot_take_back(s);
-        atomic_store(&s->state, SLOT_IDLE);
-    }
     return 1;
 }
 #endif
@@ -355,14 +465,14 @@ static void slot_release(void *p)
     if (s == NULL)
         return;
     pthread_mutex_lock(&g_mu);
+    if (s->alive) { /* first: a fire racing this reset is not judged (slot_to) */
+        s->alive = 0;
+        STAT_DEC(slots_live);
+    }
     timer_drop(s);
     atomic_store(&s->deadline, TC_NEVER);
     atomic_store(&s->state, SLOT_IDLE);
     atomic_fetch_add(&s->gen, 1);
-    if (s->alive) {
-        s->alive = 0;
-        STAT_DEC(slots_live);
-    }
     pthread_mutex_unlock(&g_mu);
 }
 

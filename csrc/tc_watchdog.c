@@ -1,10 +1,10 @@
 /*
  * tc_watchdog.c -- the one watchdog pthread: its schedule of every armed
- * slot, and the fire-time sweep (GIL anticipation's lead:
- * accel_anticipation.c).  Part of
- * the unity build (timeoutcore.c).  This file: its shared state, the
- * planner (wd_plan), the sweep and the lead; then tc_wd_fire.c (taking
- * the GIL, pre-arm) and tc_wd_main.c (the loop, start and stop).  The
+ * slot, and the fire-time sweep.  Part of the unity build (timeoutcore.c).
+ * This file: its shared state, the planner (wd_plan) and the sweep
+ * (wd_sweep); then tc_wd_fire.c (taking the GIL, and the lead: what the
+ * accelerators do with it before the deadline) and tc_wd_main.c (the
+ * loop, start and stop).  The
  * accelerators it calls at named points are in accel_*.c (tc_accel.h).
  *
  * The watchdog plans WITHOUT the GIL (wd_plan reads the slots' atomics under
@@ -124,61 +124,10 @@ static wd_event wd_plan(int64_t *fast_until, int64_t *look_at)
     pthread_mutex_lock(&g_mu);
     for (tc_slot *s = g_slots; s != NULL; s = s->next) {
         int st;
-        int64_t d, at, fu;
+        int64_t d, at;
         if (!s->alive)
             continue;
-        /* A fired interrupt on its way, or the exit that claimed it running
-         * its hooks (tc_scope.c: Scope_exit): its thread must get the GIL
-         * back soon whenever it lets it go.  While it holds it, nobody else
-         * need switch faster: the watchdog looks again after half the time
-         * since the fire or claim (at least TC_WATCH_POLL_NS; a thread
-         * deferred in protected code costs it a few looks, not a window).
-         * Opening it at every look instead kept it open for most of each
-         * deadline in a busy pool whose deadlines their own threads fire:
-         * the look came before the claim. */
-        {
-            int64_t keep = atomic_load(&s->exit_until);
-            if (atomic_load(&s->state) == SLOT_INJECTED && (fu = atomic_load(&s->fast_until)) > keep)
-                keep = fu;
-            if (keep > now && tc_lower_switch_supported() && slot_holds_gil(s)) {
-                int64_t since = now - (keep - TC_FAST_HOLD_NS), again = since / 2;
-                again = now + (again > TC_WATCH_POLL_NS ? again : TC_WATCH_POLL_NS);
-                if (again < *look_at)
-                    *look_at = again;
-            }
-            else if (keep > *fast_until)
-                *fast_until = keep;
-        }
-        if ((fu = atomic_load(&s->linger_until)) > *fast_until) /* fast_after_claim */
-            *fast_until = fu;
-        /* pre-armed: from its deadline, a thread that does not hold the GIL
-         * must get it soon (if it has not fired by the grace's end, the
-         * watchdog's fire takes over); one that holds it fires at its next
-         * line, and nobody else need switch faster for it.  Before the
-         * deadline the window stays shut for it: the watchdog looks again
-         * at the deadline itself (look_at) -- or, for a sleeping tracer,
-         * the thread's alarm handler wakes it if the thread is off the GIL
-         * (sleeping_tracer_on_signal).  No window, no look
-         * (free-threaded). */
-        if (atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->prearmed)) {
-            int64_t d = atomic_load(&s->deadline);
-            if (d > now) {
-                if (d < *look_at && !sleeping_tracer_asleep(s) && tc_lower_switch_supported())
-                    *look_at = d;
-            }
-            else if ((fu = d + TC_PREARM_GRACE_NS) > *fast_until && !slot_holds_gil(s))
-                *fast_until = fu;
-        }
-        /* due, watched, its thread off the GIL: it must get it back soon */
-        if (atomic_load(&s->state) == SLOT_ARMED && !atomic_load(&s->prearmed) &&
-            self_fire_look_at(s) != 0 && (fu = atomic_load(&s->deadline)) <= now && fu + TC_WATCH_BACK_NS > *fast_until &&
-            !slot_holds_gil(s))
-            *fast_until = fu + TC_WATCH_BACK_NS;
-        /* a cancel off the control channel: its thread will want the GIL */
-        if (atomic_load(&s->state) == SLOT_ARMED &&
-            (fu = remote_relay_marked_at(s)) != TC_NEVER &&
-            (fu += TC_FAST_HOLD_NS) > *fast_until)
-            *fast_until = fu;
+        fast_window_plan(s, now, fast_until, look_at); /* accel_fast_window.c */
         if (atomic_load(&s->shield) > 0)
             continue;
         uint64_t gen = atomic_load(&s->gen);
@@ -236,13 +185,6 @@ static void wd_prune(int64_t now)
 }
 #endif
 
-/* An ARMED slot's fire is due: its deadline has passed, or a cancel came
- * off the control channel (accelerator remote_relay). */
-static int slot_fire_due(tc_slot *s, int64_t now)
-{
-    return atomic_load(&s->deadline) <= now || remote_relay_marked_at(s) != TC_NEVER;
-}
-
 /* With the GIL: handle every slot that is due now.  g_mu is held only to
  * walk the list, never while a slot is acted on: firing arms the delivery
  * hook (3.11: _PyEval_SetTrace runs audit hooks; 3.12+: sys.monitoring
@@ -268,9 +210,8 @@ static void wd_sweep(int64_t now)
         for (tc_slot *s = g_slots; s != NULL; s = s->next) {
             if (!s->alive)
                 continue;
-            int st = atomic_load(&s->state);
-            if ((st == SLOT_ARMED && slot_fire_due(s, now)) ||
-                (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)) {
+            if (slot_fire_due(s, now) || (atomic_load(&s->state) == SLOT_INJECTED &&
+                                          atomic_load(&s->reinject_at) <= now)) {
                 if (n == TC_SWEEP_BATCH) {
                     more = 1;
                     break;
@@ -282,13 +223,10 @@ static void wd_sweep(int64_t now)
         for (int i = 0; i < n; i++) {
             tc_slot *s = due[i];
             TC_CORE_BEGIN();
-            int st = atomic_load(&s->state); /* again: its owner may have moved on */
-            if (s->alive) {
-                if (st == SLOT_ARMED && slot_fire_due(s, now))
-                    slot_fire(s, now, 0);
-                else if (st == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)
-                    slot_reinject(s, now);
-            }
+            /* again, in the core: its owner may have moved on */
+            if (s->alive && !slot_fire(s, now, 0) && atomic_load(&s->state) == SLOT_INJECTED &&
+                atomic_load(&s->reinject_at) <= now)
+                slot_reinject(s, now);
             TC_CORE_END();
         }
     } while (more);

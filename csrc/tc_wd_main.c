@@ -1,7 +1,7 @@
 /*
  * tc_wd_main.c -- the watchdog thread's loop (wd_main: plan, sleep, fire;
  * before it sleeps, the placement and rescue hooks,
- * accel_placement_rescue.c), and its lifecycle: start (wd_ensure), stop and
+ * accel_placement_rescue.c; before it fires, the lead, tc_wd_fire.c), and its lifecycle: start (wd_ensure), stop and
  * join (wd_stop), forget after fork.  Part of the unity build
  * (timeoutcore.c), after tc_wd_fire.c.
  *
@@ -14,6 +14,93 @@
  * handler.
  */
 
+/* One look at every slot, as wd_main's plan. */
+typedef struct {
+    wd_event ev;        /* the earliest thing to do                         */
+    int64_t fast_until; /* the fast window stays open until then (0: shut)  */
+    int64_t look_at;    /* look again then, without acting (the window's)   */
+    int64_t t0;         /* when it looked                                   */
+    int64_t off_at;     /* free-threaded: idle delivery events go then      */
+} wd_plan_t;
+
+/* Plan: look twice (Dekker with wd_notify: a deadline stored before our
+ * first g_wd_planned store is seen by the second look; one stored after
+ * sees our plan), and publish the moment we mean to act. */
+static void wd_plan_now(wd_plan_t *p)
+{
+    int64_t fu2, look2;
+    p->ev = wd_plan(&p->fast_until, &p->look_at);
+    atomic_store(&g_wd_planned, p->ev.at < p->look_at ? p->ev.at : p->look_at);
+    wd_event ev2 = wd_plan(&fu2, &look2);
+    if (ev2.at < p->ev.at)
+        p->ev = ev2;
+    if (look2 < p->look_at)
+        p->look_at = look2;
+    atomic_store(&g_wd_planned, p->ev.at < p->look_at ? p->ev.at : p->look_at);
+    if (fu2 > p->fast_until)
+        p->fast_until = fu2;
+    if ((fu2 = fast_window_urgent_until()) > p->fast_until)
+        p->fast_until = fu2;
+    p->t0 = now_ns();
+    p->off_at = hook_idle_off_at(p->ev.at, p->t0);
+    atomic_store(&g_wd_seen_at, p->t0);
+}
+
+/* Sleep until the plan's next moment (keeping the fast window open while an
+ * interrupt is on its way), or until woken; either way the caller plans
+ * again.  No GIL. */
+static void wd_sleep(const wd_plan_t *p, uint32_t seen)
+{
+    int64_t wake = p->ev.at < p->off_at ? p->ev.at : p->off_at;
+    if (p->look_at < wake) /* a pre-armed deadline: the window's look */
+        wake = p->look_at;
+    if (p->fast_until > p->t0) {
+        fast_enter();
+        if (p->fast_until < wake)
+            wake = p->fast_until;
+    }
+    else
+        fast_leave();
+#if TC_FREE_THREADED
+    wake = placement_before_sleep(p->ev.slot, p->ev.deadline, p->ev.at, wake, p->t0);
+#endif
+    rescue_before_sleep(p->ev.slot, p->ev.gen, p->ev.deadline);
+    STAT_INC(watchdog_wakeups);
+    atomic_store(&g_wd_wake_at, wake);
+    (void)futex_wait_until(&g_wd_seq, seen, wake);
+    atomic_store(&g_wd_wake_at, 0);
+}
+
+/* Fire: the plan's moment has come.  Take the GIL, let the accelerators
+ * act ahead of the deadline (wd_lead), then fire and re-send whatever is
+ * due (wd_sweep).  Called without the GIL; returns 1 having released it
+ * again (*ts), 0 holding it because the watchdog is stopping. */
+static int wd_fire(const wd_plan_t *p, PyThreadState **ts)
+{
+    const wd_event *ev = &p->ev;
+    if (atomic_load(&ev->slot->gen) != ev->gen)
+        return 1; /* it changed while we looked: plan again */
+    if (self_fire_watch(ev->slot, ev->gen, ev->deadline))
+        return 1; /* its thread holds the GIL: it fires itself */
+    int busy = gil_take(*ts, ev->slot);
+    if (atomic_load(&g_wd_stop))
+        return 0;
+    switch (wd_lead(ev, busy, p->t0, ts)) {
+    case WD_LEAD_DONE:
+        return 1;
+    case WD_LEAD_STOP:
+        return 0;
+    default:
+        break;
+    }
+    wd_sweep(now_ns());
+    hook_drain(); /* outside g_mu: it runs Python code (tc_hook_trace.c) */
+    anticipation_refresh();
+    *ts = PyEval_SaveThread();
+    return 1;
+}
+
+/* The watchdog thread: plan, sleep, fire. */
 static void *wd_main(void *arg)
 {
     (void)arg;
@@ -38,139 +125,25 @@ static void *wd_main(void *arg)
     futex_wake_all(&g_wd_ready);
 
     for (;;) {
-        int64_t fast_until, fu2, look_at, look2;
+        wd_plan_t p;
         if (atomic_load(&g_wd_stop)) {
-            fast_leave();
             PyEval_RestoreThread(ts);
             break;
         }
         uint32_t seen = atomic_load(&g_wd_seq);
-        wd_event ev = wd_plan(&fast_until, &look_at);
-        atomic_store(&g_wd_planned, ev.at < look_at ? ev.at : look_at);
-        /* Dekker with wd_notify: a deadline stored before our store above
-         * is seen by this second look; one stored after sees our plan. */
-        wd_event ev2 = wd_plan(&fu2, &look2);
-        if (ev2.at < ev.at)
-            ev = ev2;
-        if (look2 < look_at)
-            look_at = look2;
-        atomic_store(&g_wd_planned, ev.at < look_at ? ev.at : look_at);
-        if (fu2 > fast_until)
-            fast_until = fu2;
-        if ((fu2 = fast_window_urgent_until()) > fast_until)
-            fast_until = fu2;
-        int64_t t0 = now_ns(), off_at = hook_idle_off_at(ev.at, t0);
-        atomic_store(&g_wd_seen_at, t0);
-        if (off_at <= t0) { /* free-threaded: idle delivery events go (tc_hook_monitoring.c) */
+        wd_plan_now(&p);
+        if (p.off_at <= p.t0) { /* free-threaded: idle delivery events go (tc_hook_monitoring.c) */
             PyEval_RestoreThread(ts);
-            hook_idle_off(t0);
+            hook_idle_off(p.t0);
             ts = PyEval_SaveThread();
-            continue;
         }
-        if (ev.at > t0) {
-            int64_t wake = ev.at < off_at ? ev.at : off_at;
-            if (look_at < wake) /* a pre-armed deadline: the window's look */
-                wake = look_at;
-            if (fast_until > t0) { /* an interrupt on its way: keep it open */
-                fast_enter();
-                if (fast_until < wake)
-                    wake = fast_until;
-            }
-            else
-                fast_leave();
-#if TC_FREE_THREADED
-            wake = placement_before_sleep(ev.slot, ev.deadline, ev.at, wake, t0);
-#endif
-            rescue_before_sleep(ev.slot, ev.gen, ev.deadline);
-            STAT_INC(watchdog_wakeups);
-            atomic_store(&g_wd_wake_at, wake);
-            (void)futex_wait_until(&g_wd_seq, seen, wake); /* any return: plan again */
-            atomic_store(&g_wd_wake_at, 0);
-            continue;
-        }
-        if (atomic_load(&ev.slot->gen) != ev.gen)
-            continue; /* it changed while we looked: plan again */
-        if (self_fire_watch(ev.slot, ev.gen, ev.deadline))
-            continue; /* its thread holds the GIL: it fires itself */
-
-        int busy = gil_take(ts, ev.slot);
-        if (atomic_load(&g_wd_stop)) {
-            fast_leave();
+        else if (p.ev.at > p.t0)
+            wd_sleep(&p, seen);
+        else if (!wd_fire(&p, &ts))
             break;
-        }
-        int64_t t1 = now_ns();
-        /* The GIL came at once (within a fast interval or two: at most the
-         * guarded thread was queued for it).  Only then, and with
-         * TC_PREPARE_MIN_LEFT_NS to spare, does the watchdog prepare the
-         * exception (prepare_before_due): that runs Python, which gives the GIL away
-         * when a waiter has waited a whole interval -- in a crowded process
-         * the watchdog would then queue for it again behind every other
-         * thread; here at most the guarded thread runs meanwhile, before its
-         * deadline, and the watchdog retakes the GIL one fast interval later.
-         * (Running Python may also run a garbage collection, and with it
-         * finalizers, on the watchdog's thread.)  Free-threaded
-         * it never prepares: next to spinning threads, preparing made some
-         * deliveries wait far longer than their deadline (cause not
-         * isolated; the watchdog's Python work in a process where every stop
-         * of the world waits for each busy thread to be scheduled), while
-         * the exit it speeds up is short already. */
-        int quiet = !TC_FREE_THREADED && !busy && t1 - t0 < TC_PREARM_QUIET_NS;
-        if (ev.deadline != TC_NEVER)
-            anticipation_learn(t1 - t0);
-        if (ev.deadline != TC_NEVER && ev.deadline > t1 && atomic_load(&ev.slot->gen) == ev.gen) {
-            /* Early: pre-arm, and let the thread run on to fire its deadline
-             * itself (tc_deliver.c: pre-armed slots); 3.12+ with a GIL only
-             * if the GIL was free and came quickly (tc_tuning.h:
-             * TC_PREARM_QUIET_NS). */
-            int may_prearm = TC_PREARM_ALWAYS || quiet;
-#if TC_TRACK_FRAMES
-            /* 3.13: the thread will fire by itself, past wd_sweep's prune --
-             * drop the scopes whose exit was skipped first (a change bumps
-             * the slot's gen: the pre-arm below then declines). */
-            if (may_prearm)
-                wd_prune_slot(ev.slot);
-#endif
-            if (may_prearm && prearm_ahead(ev.slot, ev.gen)) {
-                if (quiet)
-                    prepare_before_due(ev.slot, ev.deadline);
-                anticipation_refresh();
-                ts = PyEval_SaveThread();
-                continue;
-            }
-        }
-        /* Not pre-armed (3.12+, no hook, or the slot changed): with a GIL,
-         * act at the deadline itself, holding the GIL up to it. */
-        if (!TC_FREE_THREADED && ev.deadline != TC_NEVER && ev.deadline > t1 &&
-            atomic_load(&ev.slot->gen) == ev.gen) {
-            if (!busy && t1 - t0 < anticipation_switch_ns() / TC_REQUEUE_QUICK_DIV &&
-                ev.deadline - t1 > TC_REQUEUE_MIN_LEFT_NS) {
-                /* The GIL came easily: the body releases it often (I/O).
-                 * Holding it for the rest of the lead would stall the body;
-                 * give it back and come again just before the deadline. */
-                STAT_INC(requeues);
-                ts = PyEval_SaveThread();
-                sleep_until(ev.deadline - TC_REQUEUE_EARLY_NS);
-                (void)gil_take(ts, ev.slot);
-                if (atomic_load(&g_wd_stop)) {
-                    fast_leave();
-                    break;
-                }
-            }
-            /* Hold the GIL up to the deadline: the body cannot run now, so
-             * the interrupt lands when it resumes. */
-            if (atomic_load(&ev.slot->gen) == ev.gen) {
-                STAT_INC(gil_holds);
-                if (quiet)
-                    prepare_before_due(ev.slot, ev.deadline);
-                sleep_until(ev.deadline);
-            }
-        }
-        wd_sweep(now_ns());
-        hook_drain(); /* outside g_mu: it runs Python code (tc_hook_trace.c) */
-        anticipation_refresh();
-        ts = PyEval_SaveThread();
     }
     /* Here we hold the GIL: release the thread state made above with it. */
+    fast_leave();
     PyGILState_Release(gs);
     return NULL;
 }

@@ -77,12 +77,14 @@
  *
  * ASYNC-SIGNAL-SAFETY
  *   The signal handler (tc_os.c: tc_handler) runs in the guarded thread.
- *   Its first purpose is to exist: installed without SA_RESTART, it makes
- *   the thread's blocking system call fail with EINTR.  It saves and
- *   restores errno and bumps a relaxed atomic counter.  For a signal of the
- *   thread's own kernel timer (SI_TIMER, si_value = its slot; slots are
- *   never freed) it may also do, all without a lock, allocation or Python
- *   API call:
+ *   Its purpose is to exist: installed without SA_RESTART, it makes the
+ *   thread's blocking system call fail with EINTR.  The core's part saves
+ *   and restores errno and bumps a relaxed atomic counter -- all it does
+ *   with every accelerator off.  For a signal of the thread's own kernel
+ *   timer (SI_TIMER, si_value = its slot; slots are never freed) it hands
+ *   the slot to the accelerators' part (tc_accel.c: accel_on_signal, which
+ *   says why these two cannot move out of the handler), all without a lock,
+ *   allocation or Python API call:
  *   - 3.11, the sleeping tracer's alarm (accel_sleeping_tracer.c:
  *     sleeping_tracer_on_signal):
  *     atomic loads and stores on the slot, clock_gettime, one relaxed byte
@@ -212,6 +214,8 @@ struct tc_stats {
                                   (an unraisable context), sent again
                                   (tc_unraisable.c)                      */
     uint64_t dropped_learned;  /* ... code objects learned there         */
+    uint64_t bad_moves;        /* slot state changes outside the table of
+                                  tc_slot.c: 0 unless the core is wrong  */
 };
 
 /* Build the Python-facing module (see above) and register it in sys.modules

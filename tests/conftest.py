@@ -89,6 +89,29 @@ def _switch_interval_isolated() -> Iterator[None]:
                     f"not the interpreter's {_SWITCH_INTERVAL} s")
 
 
+def _bad_moves() -> int:
+    """The C core's count of slot state changes outside its table (csrc/tc_slot.c), or 0
+    on the pure-Python engine."""
+    if timeoutcore.ENGINE != "native":
+        return 0
+    from timeoutcore import _native
+
+    return _native.stats()["bad_moves"]
+
+
+@pytest.fixture(autouse=True)
+def _core_states_follow_their_table() -> Iterator[None]:
+    """Every test, whatever it drives, moves the C core's slots only along the table of
+    their states: a move outside it is a core defect, and fails the test that made it.
+    (The core's own invariant, the same with every accelerator off -- not a mechanism's
+    counter.)"""
+    before = _bad_moves()
+    yield
+    if _bad_moves() != before:
+        pytest.fail(f"{_bad_moves() - before} slot state change(s) outside the core's table "
+                    "(csrc/tc_slot.c)")
+
+
 @pytest.fixture(params=["native", pytest.param("fallback", marks=needs_gil)])
 def api(request: Any) -> types.SimpleNamespace:
     """The public API, once per engine."""

@@ -328,6 +328,12 @@ def main() -> None:
     if timeoutcore.ENGINE == "native":  # which delivery paths the run went through
         from timeoutcore import _native
 
+        # The core's own invariant, not a mechanism: every change of a slot's state follows
+        # the table of csrc/tc_slot.c, with or without accelerators.
+        bad = _native.stats()["bad_moves"]
+        if bad:
+            result["broken"].append(f"{bad} slot state changes outside the core's table")
+
         # Every counter, under the core's own names: a report for the reader, never checked
         # (tests/test_integrity.py reads only the failures), so an accelerator's counter
         # renamed or gone, or switched off by TIMEOUTCORE_ACCEL, changes nothing here.

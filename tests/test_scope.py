@@ -178,6 +178,28 @@ def test_a_c_call_holding_the_gil_past_the_deadline_never_ends_normally(
     assert [o for o in past if o[:2] != ("raised", True)] == []
 
 
+@pytest.mark.skipif(timeoutcore.ENGINE != "native", reason="the C core's exit")
+def test_an_exit_that_drops_a_fired_inner_scope_still_expires_its_own() -> None:
+    """An inner scope left on the stack (entered, never exited) fires; its interrupt is
+    swallowed, then held back by a shield while the outer deadline passes, so nobody fires
+    the outer one. The outer exit drops the inner scope and still ends with its own
+    DeadlineExceeded, expired -- the exit's backstop, reached from a slot that had just
+    dropped its fired scope (the autouse fixture checks the core's states meanwhile)."""
+    outer = timeoutcore.thread_deadline(0.05)
+    inner = timeoutcore.thread_deadline(0.005)
+    with pytest.raises(DeadlineExceeded) as info:
+        with outer:
+            inner.__enter__()  # never exited: the outer exit drops it
+            try:
+                burn(5.0)  # the inner deadline's interrupt lands here
+            except BaseException:  # noqa: BLE001 - the internal interrupt, swallowed on purpose
+                pass
+            with timeoutcore.shield():  # nothing surfaces until it ends
+                time.sleep(0.1)
+    assert info.value.scope is outer
+    assert outer.expired() and inner.expired()
+
+
 def test_abandoning_silently_never_swallows_the_blocks_own_error(api: Any) -> None:
     """raise_on_timeout=False swallows the deadline's interrupt, not an error the block
     raised after its deadline passed: that error propagates, and expired() is true."""

@@ -169,7 +169,7 @@ def _cancel_once_entered(scope: timeoutcore.DeadlineScope, entered: threading.Ev
 def test_a_sleeping_tracers_alarm_follows_a_reschedule_and_a_cancel() -> None:
     """A block pre-armed at its entry and moved later goes on at full speed past its first
     deadline and stops at the new one; one cancelled from another thread while its tracer
-    sleeps stops at once (the alarm follows the slot's deadline: tc_slot.c slot_publish).
+    sleeps stops at once (the alarm follows the slot's deadline: tc_slot.c slot_deadline_set).
     Only a trial whose reschedule returned before the first deadline shows either (one
     descheduled in between, on a loaded machine, fires at the first deadline): the others
     are not counted, and the trials go on (capped) until one does."""
