@@ -203,6 +203,34 @@ def test_cancels_racing_completion_never_leak_an_interrupt(switch: Any, patched_
     assert outcomes["result"] > 50 and outcomes["cancelled"] > 50, outcomes
 
 
+def test_a_cancel_racing_a_task_s_start_always_stops_it(patched_for_test: None) -> None:
+    """cancel() while a worker takes the task: the task is queued or running, never
+    finished (a get on an empty queue), so every cancel() returns True and stops it, and
+    no getter is left to take an item put later. Before, a task the worker took between
+    cancel()'s look at its state and the standard Future.cancel() was left running."""
+    q: queue.Queue[int] = queue.Queue()
+    rng = random.Random(43)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # many more hand-overs of the GIL inside the window
+    try:
+        with DeadlineExecutor(2) as pool:
+            try:
+                for _ in range(1500):
+                    future = pool.submit(q.get)
+                    if rng.random() < 0.5:
+                        time.sleep(0)  # let the worker take it, or be taking it
+                    assert future.cancel()  # broken: False, and the getter runs on
+                    assert future.wait_stopped(10)
+                for i in range(4):
+                    q.put(i)
+                assert [pool.submit(q.get).result(10) for _ in range(4)] == [0, 1, 2, 3]
+            finally:
+                for _ in range(2):
+                    q.put(-1)  # a getter left running by a failed cancel: free its worker
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def _busy(seconds: float, value: int) -> int:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:

@@ -75,6 +75,7 @@ _PENDING = "PENDING"
 _RUNNING = "RUNNING"
 _CANCELLED = "CANCELLED"
 _CANCELLED_AND_NOTIFIED = "CANCELLED_AND_NOTIFIED"
+_FINISHED = "FINISHED"
 
 
 class DeadlineFuture(Future[T], Generic[T]):
@@ -117,9 +118,19 @@ class DeadlineFuture(Future[T], Generic[T]):
         ``done()``; ``result()`` raises ``CancelledError``); the worker thread is free as
         soon as the task has left (:meth:`wait_stopped`). Returns False for a task that
         finished first: it keeps its result."""
+        # Rule: the state is read and moved in one hold of the condition. Rejected: handing
+        # a task not seen running to Future.cancel() -- it takes the condition again, and
+        # a worker that took the task in between left it RUNNING: cancel() returned False
+        # and the task ran on (asyncio.to_thread(q.get) under a timeout left a getter
+        # blocked that took a later item, 3.14t under load).
         with self._condition:
-            if self._state != _RUNNING:
+            if self._state == _FINISHED:
+                return False
+            if self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED):
+                return True
+            if self._state == _PENDING:  # queued: the worker drops it (_start)
                 scope = None
+                self._state = _CANCELLED
             else:
                 scope = self._scope
                 if scope is None:
@@ -127,10 +138,9 @@ class DeadlineFuture(Future[T], Generic[T]):
                 self._state = _CANCELLED_AND_NOTIFIED
                 for waiter in self._waiters:
                     waiter.add_cancelled(self)
-                self._condition.notify_all()
-        if scope is None:
-            return super().cancel()
-        scope.cancel("future cancelled")
+            self._condition.notify_all()
+        if scope is not None:
+            scope.cancel("future cancelled")
         self._invoke_callbacks()  # type: ignore[attr-defined]  # Future's, not in typeshed
         return True
 
