@@ -84,7 +84,7 @@ static int prearm_ahead(tc_slot *s, uint64_t gen)
     int ok = 0;
     if (g_hook_mode == HOOK_NONE || !accel_on(ACCEL_PREARM))
         return 0;
-    TC_CORE_BEGIN();
+    TC_CORE_BEGIN_ON(s);
     if (s->alive && atomic_load(&s->gen) == gen && atomic_load(&s->state) == SLOT_ARMED &&
         atomic_load(&s->shield) == 0 && s->pending == NULL && !atomic_load(&s->prearmed) &&
         atomic_load(&s->deadline) != TC_NEVER) {

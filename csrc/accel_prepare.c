@@ -28,7 +28,7 @@ static void prepare_before_due(tc_slot *s, int64_t deadline)
     if (g_exceeded == NULL || !accel_on(ACCEL_PREPARE) || deadline - now_ns() <= TC_PREPARE_MIN_LEFT_NS)
         return; /* building it could outlast the time left */
     {
-        TC_CORE_BEGIN();
+        TC_CORE_BEGIN_ON(s);
         if (s->alive && atomic_load(&s->state) == SLOT_ARMED && atomic_load(&s->shield) == 0) {
             gen = atomic_load(&s->gen);
             sc = stack_due(s->top, atomic_load(&s->deadline));
@@ -45,7 +45,7 @@ static void prepare_before_due(tc_slot *s, int64_t deadline)
     if (exc == NULL)
         PyErr_Clear();
     {
-        TC_CORE_BEGIN();
+        TC_CORE_BEGIN_ON(s);
         if (exc != NULL && s->alive && atomic_load(&s->gen) == gen &&
             as_scope(sc)->state == SCOPE_ACTIVE && as_scope(sc)->prepare.exc == NULL) {
             as_scope(sc)->prepare.exc = exc;

@@ -20,7 +20,10 @@
  *   - PyThreadState.cframe->current_frame (3.11, 3.12) / .current_frame
  *     (3.13, 3.14), and PyFrameObject's f_frame: the scope, at entry, in its
  *     own thread, and the hook, to know the with statement's frame without
- *     making a frame object (an address compared, never dereferenced).
+ *     making a frame object (an address compared, never dereferenced);
+ *     that frame's code (3.11: f_code; 3.14t: f_executable, through
+ *     CPython's inline; tc_gil.c: tc_iframe_code), read by the scope at
+ *     entry, in its own thread.
  *   - the GIL state's switch interval, mutex and condition variable (via
  *     tc_gil.c): the watchdog, without the GIL (see "the fast window" below);
  *     its `locked` and `last_holder` (3.12+), which the watchdog reads

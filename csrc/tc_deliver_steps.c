@@ -152,7 +152,7 @@ static int deliver_async(tc_slot *s, PyObject *exc, PyObject *scope)
         atomic_store(&s->pending_any, 1);
 #if TC_FREE_THREADED
         /* Armed when the core lock is let go (tc_lock.h: core_after). */
-        if (t_core_cs != NULL && (t_arm_due == NULL || t_arm_due == s)) {
+        if (core_held() && (t_arm_due == NULL || t_arm_due == s)) {
             t_arm_due = s;
             return 1;
         }

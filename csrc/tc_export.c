@@ -97,7 +97,7 @@ static int export_locked(const char *modname)
 #endif
     if (PyModule_AddFunctions(mod, mod_methods) < 0)
         goto fail;
-    if (g_scope_type == NULL && (g_scope_type = PyType_FromSpec(&Scope_spec)) == NULL)
+    if (g_scope_type == NULL && (g_scope_type = scope_type_make()) == NULL)
         goto fail;
     if (g_shield_type == NULL && (g_shield_type = PyType_FromSpec(&Shield_spec)) == NULL)
         goto fail;

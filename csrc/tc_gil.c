@@ -66,12 +66,15 @@
  * from a signal handler (a mutex); it returns 0 or the failed pthread
  * call's errno (nothing woken).  drop_requested with the GIL (0 without a
  * GIL).  tc_iframe_code() with the GIL held (free-threaded: attached), for
- * the caller's own current frame; no setup needed.
+ * the caller's own current frame; no setup needed (the thread-state check,
+ * tc_gil_check.c, compares it with PyFrame_GetCode() at import).
  *
- * One more fact that needs a private structure on 3.11: the code object an
- * interpreter frame runs, when no frame object exists for it (making one
- * costs a scope's entry more than the rest of it; tc_scope.c asks whether
- * the code entering a scope is a wrapper's __enter__).
+ * One more fact that needs a private structure on 3.11 and on the free-
+ * threaded build: the code object an interpreter frame runs, when no frame
+ * object exists for it (making one costs a scope's entry more than the rest
+ * of it; tc_scope.c asks whether the code entering a scope is a wrapper's
+ * __enter__) -- 3.12+ with a GIL asks the unstable API; free-threaded, its
+ * new reference costs more than the field's read (tc_iframe_code).
  */
 #define Py_BUILD_CORE 1
 #include <Python.h>
@@ -81,6 +84,9 @@
 #pragma GCC diagnostic ignored "-Wundef" /* mimalloc's headers (3.13+) */
 #if PY_VERSION_HEX >= 0x030C0000
 #include "internal/pycore_interp.h"
+#ifdef Py_GIL_DISABLED
+#include "internal/pycore_interpframe.h" /* _PyFrame_GetCode */
+#endif
 #include "internal/pycore_runtime.h" /* _PyRuntime.main_thread */
 #include "internal/pycore_ceval.h"   /* _PyEval_AddPendingCall */
 #else
@@ -212,13 +218,23 @@ int tc_gil_drop_requested(void)
 /* The code object that interpreter frame `iframe` runs (borrowed: a running
  * frame holds its code), or NULL.  GIL held, `iframe` the caller's own
  * current frame (tc_compat.h: tc_current_iframe).  3.12+ through the
- * unstable API made for this; 3.11 has none and reads the field. */
+ * unstable API made for this, but free-threaded; 3.11 has none and reads
+ * the field.  Free-threaded, the unstable API's new reference is an atomic
+ * increment and decrement of a count that every thread running the same
+ * code shares (a code object is owned by the thread that made it): on
+ * every scope's entry, what stopped two threads' blocks from scaling.
+ * There the field is read as CPython's own inline does; the import check
+ * compares it with PyFrame_GetCode() (tc_gil_check.c: tstate_frame_agrees),
+ * and a mismatch keeps the core from loading, as for the other thread-state
+ * fields it reads. */
 PyCodeObject *tc_iframe_code(void *iframe)
 {
     PyObject *code;
     if (iframe == NULL)
         return NULL;
-#if PY_VERSION_HEX >= 0x030C0000
+#ifdef Py_GIL_DISABLED
+    code = (PyObject *)_PyFrame_GetCode((struct _PyInterpreterFrame *)iframe);
+#elif PY_VERSION_HEX >= 0x030C0000
     code = (PyObject *)PyUnstable_InterpreterFrame_GetCode((struct _PyInterpreterFrame *)iframe);
     Py_XDECREF(code); /* the running frame keeps its own reference */
 #else

@@ -58,10 +58,17 @@
  *             when s->fired is set). */
 enum { SLOT_IDLE = 0, SLOT_ARMED = 1, SLOT_INJECTED = 2 };
 
+#define TC_CACHE_LINE 64 /* bytes: what two threads' slots must not share */
+
 typedef struct tc_slot {
     /* Written once, at creation, by slot_get (GIL + g_mu); slots are never
      * freed, so a pointer to one stays valid for the life of the process. */
     struct tc_slot *next;          /* registry list                        */
+#if TC_FREE_THREADED
+    PyMutex mu;                    /* other threads' regions on this slot
+                                      and its scopes, and the per-block
+                                      path (tc_lock.h)                     */
+#endif
 
     /* g_mu: set by slot_get (GIL), cleared by slot_release at thread exit
      * (no GIL) and by the atfork child handler. */
@@ -187,9 +194,14 @@ static inline void frames_look_end(int was)
 
 enum { SCOPE_NEW = 0, SCOPE_ACTIVE = 1, SCOPE_DONE = 2 };
 
-/* Every field is read and written with the GIL held, but `relay`. */
+/* Every field is read and written with the GIL held (free-threaded: under
+ * the locks tc_lock.h names), but `relay`. */
 typedef struct Scope {
     PyObject_HEAD
+#if TC_FREE_THREADED
+    PyMutex mu;            /* its lock while on no stack, and with its
+                              slot's on the per-block path (tc_lock.h)  */
+#endif
     PyObject *label;
     PyObject *parent;      /* enclosing scope on this thread while active  */
     tc_slot *slot;         /* the slot while active, else NULL             */

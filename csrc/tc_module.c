@@ -196,9 +196,10 @@ TC_LOCKED_2(PyObject *, mod_current, PyObject *, PyObject *)
  * snapshot: the scopes are referenced first (PyMem, no collection can run
  * and change a stack half-read), the Python objects built after.  The
  * registry's head is read under g_mu; the list behind it is immutable
- * (slots are prepended, never freed).  Core lock held (the GIL: top and
- * parent are written only under it). */
-static PyObject *mod_scope_stacks_locked(PyObject *m, PyObject *arg)
+ * (slots are prepended, never freed).  Each stack is read with the GIL
+ * (free-threaded: the core lock and that slot's, tc_lock.h): top and parent
+ * are written only under them. */
+static PyObject *mod_scope_stacks(PyObject *m, PyObject *arg)
 {
     (void)m;
     if (!PyBool_Check(arg)) { /* no __bool__ of a user's object under the core lock */
@@ -219,28 +220,36 @@ static PyObject *mod_scope_stacks_locked(PyObject *m, PyObject *arg)
     /* refs holds, per stack, its depth d (as a tagged count) then d scopes,
      * innermost first. */
     for (tc_slot *s = head; s != NULL; s = all ? s->next : NULL) {
-        if (!atomic_load(&s->alive) || s->top == NULL)
-            continue;
-        size_t depth = 0;
-        for (PyObject *o = s->top; o != NULL; o = as_scope(o)->parent)
-            depth++;
-        if (n + depth + 1 > cap) {
-            while (n + depth + 1 > cap)
-                cap *= 2;
-            PyObject **grown = PyMem_Realloc(refs, cap * sizeof(PyObject *));
-            if (grown == NULL) {
-                for (size_t i = 0; i < n; i++)
-                    if (((uintptr_t)refs[i] & 1) == 0)
-                        Py_DECREF(refs[i]);
-                PyMem_Free(refs);
-                return PyErr_NoMemory();
+        int failed = 0;
+        TC_CORE_BEGIN_ON(s); /* one stack at a time: its slot's lock too */
+        if (atomic_load(&s->alive) && s->top != NULL) {
+            size_t depth = 0;
+            for (PyObject *o = s->top; o != NULL; o = as_scope(o)->parent)
+                depth++;
+            PyObject **grown = refs;
+            if (n + depth + 1 > cap) {
+                while (n + depth + 1 > cap)
+                    cap *= 2;
+                grown = PyMem_Realloc(refs, cap * sizeof(PyObject *));
             }
-            refs = grown;
+            if (grown == NULL)
+                failed = 1;
+            else {
+                refs = grown;
+                refs[n++] = (PyObject *)((depth << 1) | 1);
+                for (PyObject *o = s->top; o != NULL; o = as_scope(o)->parent) {
+                    Py_INCREF(o);
+                    refs[n++] = o;
+                }
+            }
         }
-        refs[n++] = (PyObject *)((depth << 1) | 1);
-        for (PyObject *o = s->top; o != NULL; o = as_scope(o)->parent) {
-            Py_INCREF(o);
-            refs[n++] = o;
+        TC_CORE_END();
+        if (failed) {
+            for (size_t i = 0; i < n; i++)
+                if (((uintptr_t)refs[i] & 1) == 0)
+                    Py_DECREF(refs[i]);
+            PyMem_Free(refs);
+            return PyErr_NoMemory();
         }
     }
     PyObject *out = PyList_New(0);
@@ -265,7 +274,6 @@ static PyObject *mod_scope_stacks_locked(PyObject *m, PyObject *arg)
     PyMem_Free(refs);
     return out;
 }
-TC_LOCKED_2(PyObject *, mod_scope_stacks, PyObject *, PyObject *)
 
 static PyObject *mod_shield(PyObject *m, PyObject *unused)
 {
@@ -282,12 +290,11 @@ static PyObject *mod_set_default_hook_locked(PyObject *m, PyObject *hook)
         PyErr_SetString(PyExc_TypeError, "the default hook must be callable or None");
         return NULL;
     }
-    if (hook == Py_None)
-        Py_CLEAR(g_default_hook);
-    else {
-        Py_INCREF(hook);
-        Py_XSETREF(g_default_hook, hook);
-    }
+    /* Stored atomically: a new scope looks at it without the core lock
+     * while it is NULL (tc_scope.c: Scope_init). */
+    PyObject *old = g_default_hook;
+    __atomic_store_n(&g_default_hook, hook == Py_None ? NULL : Py_NewRef(hook), __ATOMIC_RELEASE);
+    Py_XDECREF(old);
     Py_RETURN_NONE;
 }
 TC_LOCKED_2(PyObject *, mod_set_default_hook, PyObject *, PyObject *)
@@ -296,25 +303,10 @@ TC_LOCKED_2(PyObject *, mod_set_default_hook, PyObject *, PyObject *)
  * the thread running `scope`, if the scope is still active, not shielded and
  * its deadline has not fired.  Atomic with respect to the scope's exit (both
  * hold the GIL); the exit takes back an undelivered one. */
-static PyObject *mod_raise_in_scope_locked(PyObject *m, PyObject *args)
+static PyObject *raise_in_scope_locked(PyObject *scope, PyObject *exc)
 {
-    (void)m;
-    PyObject *scope, *exc;
-    Scope *sc;
-    tc_slot *s;
-    if (!PyArg_ParseTuple(args, "OO:_raise_in_scope", &scope, &exc))
-        return NULL;
-    if (!PyObject_TypeCheck(scope, (PyTypeObject *)g_scope_type)) {
-        PyErr_SetString(PyExc_TypeError, "_raise_in_scope() needs a deadline scope");
-        return NULL;
-    }
-    if (!PyType_Check(exc) || !PyType_IsSubtype((PyTypeObject *)exc,
-                                                 (PyTypeObject *)PyExc_BaseException)) {
-        PyErr_SetString(PyExc_TypeError, "_raise_in_scope() needs an exception class");
-        return NULL;
-    }
-    sc = as_scope(scope);
-    s = sc->slot;
+    Scope *sc = as_scope(scope);
+    tc_slot *s = sc->slot;
     if (sc->state != SCOPE_ACTIVE || s == NULL || !s->alive || s->ident != sc->ident ||
         atomic_load(&s->shield) > 0 || atomic_load(&s->state) == SLOT_INJECTED)
         Py_RETURN_FALSE; /* not (or no longer) running in a live thread of its own */
@@ -327,7 +319,25 @@ static PyObject *mod_raise_in_scope_locked(PyObject *m, PyObject *args)
     slot_inject(s, exc, scope);
     Py_RETURN_TRUE;
 }
-TC_LOCKED_2(PyObject *, mod_raise_in_scope, PyObject *, PyObject *)
+TC_SCOPE_LOCKED_2(PyObject *, raise_in_scope, PyObject *)
+
+static PyObject *mod_raise_in_scope(PyObject *m, PyObject *args)
+{
+    (void)m;
+    PyObject *scope, *exc;
+    if (!PyArg_ParseTuple(args, "OO:_raise_in_scope", &scope, &exc))
+        return NULL;
+    if (!PyObject_TypeCheck(scope, (PyTypeObject *)g_scope_type)) {
+        PyErr_SetString(PyExc_TypeError, "_raise_in_scope() needs a deadline scope");
+        return NULL;
+    }
+    if (!PyType_Check(exc) || !PyType_IsSubtype((PyTypeObject *)exc,
+                                                 (PyTypeObject *)PyExc_BaseException)) {
+        PyErr_SetString(PyExc_TypeError, "_raise_in_scope() needs an exception class");
+        return NULL;
+    }
+    return raise_in_scope(scope, exc); /* in the scope's lock and its slot's */
+}
 
 static PyObject *mod_setup_locked(PyObject *m, PyObject *args)
 {

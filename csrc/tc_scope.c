@@ -134,12 +134,16 @@ static int Scope_init(PyObject *self, PyObject *args, PyObject *kw)
     sc->raise_on_timeout = raise_on_timeout;
     Py_INCREF(label);
     Py_XSETREF(sc->label, label);
-    {
-        TC_CORE_BEGIN(); /* g_default_hook may be replaced meanwhile */
+    if (__atomic_load_n(&g_default_hook, __ATOMIC_ACQUIRE) != NULL) {
+        /* Only then the core lock (g_default_hook may be replaced
+         * meanwhile): threads that make scopes share no lock here. */
+        TC_CORE_BEGIN();
         Py_XINCREF(g_default_hook);
         Py_XSETREF(sc->hook, g_default_hook);
         TC_CORE_END();
     }
+    else
+        Py_CLEAR(sc->hook);
     if (extras != NULL) {
         PyObject *res = PyObject_CallMethod(self, "_init_extras", "O", extras);
         Py_DECREF(extras);
@@ -188,7 +192,9 @@ static void Scope_dealloc(PyObject *self)
     PyObject_GC_UnTrack(self);
     Scope_clear(self);
     tp->tp_free(self);
+#if !TC_FREE_THREADED /* a static type there: subtype_dealloc drops a subclass's */
     Py_DECREF(tp);
+#endif
 }
 
 static PyObject *Scope_new(PyTypeObject *type, PyObject *args, PyObject *kw)
@@ -218,20 +224,22 @@ static int scope_not_new(Scope *sc)
     return 1;
 }
 
-static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
+/* The entry, in the entering thread, inside the core lock or (all of
+ * enter_is_plain holding) the per-block path's locks.  `now`: the time of
+ * entry, or 0 to read it after the scope's hook. */
+static PyObject *scope_enter(PyObject *self, int64_t now)
 {
     Scope *sc = as_scope(self);
     tc_slot *s;
-    int64_t now;
-    (void)unused;
 
     if (scope_not_new(sc))
         return NULL;
     /* The first block with a deadline starts the watchdog -- before anything
      * of the block is set up or its time counts: wd_ensure lets the GIL go
      * until the watchdog is ready (another thread may enter this same scope
-     * meanwhile: look again). */
-    if (!wd_running() && (sc->has_deadline_arg ? sc->deadline != TC_NEVER : !isnan(sc->seconds))) {
+     * meanwhile: look again).  (The per-block path found it running.) */
+    if (now == 0 && !wd_running() &&
+        (sc->has_deadline_arg ? sc->deadline != TC_NEVER : !isnan(sc->seconds))) {
         if (wd_ensure(1) < 0 || scope_not_new(sc))
             return NULL;
     }
@@ -277,7 +285,8 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
             return NULL;
         Py_DECREF(r);
     }
-    now = now_ns();
+    if (now == 0)
+        now = now_ns();
     if (!sc->has_deadline_arg)
         sc->deadline = isnan(sc->seconds) ? TC_NEVER : now + (int64_t)(sc->seconds * TC_NS_PER_S_F);
     sc->entered = now;
@@ -305,7 +314,45 @@ static PyObject *Scope_enter_locked(PyObject *self, PyObject *unused)
     Py_INCREF(self);
     return self;
 }
-TC_LOCKED_2(PyObject *, Scope_enter, PyObject *, PyObject *)
+
+#if TC_FREE_THREADED
+/* May this entry take the per-block path (tc_lock.h): under the scope's
+ * and its slot's locks, at `now`, does scope_enter touch nothing shared?
+ * No hook to call, no watchdog to start, no interrupt on the slot to raise
+ * again, and no deadline already past (it would fire). */
+static int enter_is_plain(Scope *sc, tc_slot *s, int64_t now)
+{
+    if (sc->state != SCOPE_NEW || sc->hook != NULL || s->fired != NULL ||
+        atomic_load(&s->state) == SLOT_INJECTED)
+        return 0;
+    if (sc->has_deadline_arg)
+        return sc->deadline == TC_NEVER || (sc->deadline > now && wd_running());
+    return isnan(sc->seconds) || wd_running();
+}
+#endif
+
+static PyObject *Scope_enter(PyObject *self, PyObject *unused)
+{
+    PyObject *r;
+    (void)unused;
+#if TC_FREE_THREADED
+    tc_slot *s = t_slot;
+    if (s != NULL) {
+        int plain;
+        TC_OWN_BEGIN(as_scope(self), s);
+        int64_t now = now_ns();
+        plain = enter_is_plain(as_scope(self), s, now);
+        r = plain ? scope_enter(self, now) : NULL;
+        TC_CORE_END();
+        if (plain)
+            return r;
+    }
+#endif
+    TC_CORE_BEGIN();
+    r = scope_enter(self, 0);
+    TC_CORE_END();
+    return r;
+}
 
 /* Was the scope cancel()led (its Python class's `_cancelled`, which makes
  * the exception a DeadlineCancelled)?  1, 0, or -1 with an error set. */
@@ -399,13 +446,15 @@ static int run_exit_hook(tc_slot *s, PyObject *hook, PyObject *self, PyObject *e
     return held;
 }
 
-static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The exit, in the entering thread, inside the core lock or (all of
+ * exit_is_plain holding) the per-block path's locks; `now`: the time of
+ * exit, or 0 to read it here. */
+static PyObject *scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs, int64_t now)
 {
     Scope *sc = as_scope(self);
     tc_slot *s = t_slot;
     PyObject *exc_type = nargs > 0 ? args[0] : Py_None;
     int claimed = 0, in_flight;
-    int64_t now;
 
     if (sc->state != SCOPE_ACTIVE) {
         PyErr_SetString(PyExc_RuntimeError, "__exit__ of a deadline scope that is not active");
@@ -418,7 +467,8 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     }
     /* From here to the end no bytecode runs and the GIL is never released:
      * the interrupt cannot land after this point. */
-    now = now_ns();
+    if (now == 0)
+        now = now_ns();
     if (stack_pop_stale_above(s, self) > 0)
         slot_publish(s); /* a fired one among them left the slot IDLE: ARMED
                           * again (this scope is still on the stack) before
@@ -525,4 +575,45 @@ static PyObject *Scope_exit_locked(PyObject *self, PyObject *const *args, Py_ssi
     }
     Py_RETURN_FALSE;
 }
-TC_LOCKED_3(PyObject *, Scope_exit, PyObject *, PyObject *const *, Py_ssize_t)
+
+#if TC_FREE_THREADED
+/* May this exit take the per-block path (tc_lock.h): under the scope's and
+ * its slot's locks, at `now`, does scope_exit touch nothing shared?  The
+ * block ends normally, innermost, before its deadline, with no hook or
+ * deferral report to run, nothing fired, pending, pre-armed or raised into
+ * it, and no enclosing deadline past (it would fire). */
+static int exit_is_plain(Scope *sc, tc_slot *s, PyObject *const *args, Py_ssize_t nargs,
+                         int64_t now)
+{
+    if (sc->state != SCOPE_ACTIVE || sc->slot != s || s->top != (PyObject *)sc ||
+        (nargs > 0 && args[0] != Py_None) || sc->hook != NULL || sc->deadline <= now ||
+        sc->soft_pending || sc->deferred_where != NULL || sc->prepare.exc != NULL)
+        return 0;
+    if (s->fired != NULL || s->pending != NULL || s->async_pending ||
+        atomic_load(&s->prearmed) || atomic_load(&s->state) == SLOT_INJECTED)
+        return 0;
+    return sc->parent == NULL || stack_due(sc->parent, now) == NULL;
+}
+#endif
+
+static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *r;
+#if TC_FREE_THREADED
+    tc_slot *s = t_slot;
+    if (s != NULL) {
+        int plain;
+        TC_OWN_BEGIN(as_scope(self), s);
+        int64_t now = now_ns();
+        plain = exit_is_plain(as_scope(self), s, args, nargs, now);
+        r = plain ? scope_exit(self, args, nargs, now) : NULL;
+        TC_CORE_END();
+        if (plain)
+            return r;
+    }
+#endif
+    TC_CORE_BEGIN();
+    r = scope_exit(self, args, nargs, 0);
+    TC_CORE_END();
+    return r;
+}

@@ -5,8 +5,8 @@
  * Part of the unity build (timeoutcore.c), after tc_scope.c.
  *
  * Who calls what: Python code, in any thread, with the GIL (free-threaded:
- * inside the core lock, through the TC_LOCKED_ wrapper after each *_locked
- * function; tc_lock.h).  reschedule() is the one that changes a deadline: it
+ * inside the core lock and the scope's slot's, through the TC_SCOPE_LOCKED_
+ * wrapper after each *_locked function; tc_lock.h).  reschedule() is the one that changes a deadline: it
  * publishes the slot's new earliest deadline (tc_slot.c: slot_publish, through slot_deadline_set) and
  * fires at once if that is already due.  Nothing here runs without the GIL
  * or in a signal handler.
@@ -27,7 +27,7 @@ static PyObject *Scope_when_locked(PyObject *self, PyObject *unused)
         Py_RETURN_NONE;
     return ns_to_float(sc->deadline);
 }
-TC_LOCKED_2(PyObject *, Scope_when, PyObject *, PyObject *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_when, PyObject *)
 
 static PyObject *Scope_reschedule_locked(PyObject *self, PyObject *when)
 {
@@ -71,14 +71,14 @@ static PyObject *Scope_reschedule_locked(PyObject *self, PyObject *when)
     }
     Py_RETURN_NONE;
 }
-TC_LOCKED_2(PyObject *, Scope_reschedule, PyObject *, PyObject *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_reschedule, PyObject *)
 
 static PyObject *Scope_expired_locked(PyObject *self, PyObject *unused)
 {
     (void)unused;
     return PyBool_FromLong(as_scope(self)->expired);
 }
-TC_LOCKED_2(PyObject *, Scope_expired, PyObject *, PyObject *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_expired, PyObject *)
 
 static PyObject *Scope_remaining_locked(PyObject *self, PyObject *unused)
 {
@@ -93,7 +93,7 @@ static PyObject *Scope_remaining_locked(PyObject *self, PyObject *unused)
     int64_t r = sc->deadline - end;
     return PyFloat_FromDouble(r > 0 ? (double)r / TC_NS_PER_S_F : 0.0);
 }
-TC_LOCKED_2(PyObject *, Scope_remaining, PyObject *, PyObject *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_remaining, PyObject *)
 
 static PyObject *Scope_elapsed_locked(PyObject *self, PyObject *unused)
 {
@@ -104,7 +104,7 @@ static PyObject *Scope_elapsed_locked(PyObject *self, PyObject *unused)
     int64_t end = sc->state == SCOPE_DONE ? sc->exited : now_ns();
     return PyFloat_FromDouble((double)(end - sc->entered) / TC_NS_PER_S_F);
 }
-TC_LOCKED_2(PyObject *, Scope_elapsed, PyObject *, PyObject *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_elapsed, PyObject *)
 
 static PyObject *Scope_get_label_locked(PyObject *self, void *c)
 {
@@ -112,7 +112,7 @@ static PyObject *Scope_get_label_locked(PyObject *self, void *c)
     Py_INCREF(as_scope(self)->label);
     return as_scope(self)->label;
 }
-TC_LOCKED_2(PyObject *, Scope_get_label, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_label, void *)
 
 static PyObject *Scope_get_limit_locked(PyObject *self, void *c)
 {
@@ -124,7 +124,7 @@ static PyObject *Scope_get_limit_locked(PyObject *self, void *c)
         Py_RETURN_NONE;
     return PyFloat_FromDouble((double)(sc->deadline - sc->entered) / TC_NS_PER_S_F);
 }
-TC_LOCKED_2(PyObject *, Scope_get_limit, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_limit, void *)
 
 static PyObject *Scope_get_overshoot_locked(PyObject *self, void *c)
 {
@@ -135,7 +135,7 @@ static PyObject *Scope_get_overshoot_locked(PyObject *self, void *c)
     int64_t o = sc->exited - sc->deadline;
     return PyFloat_FromDouble(o > 0 ? (double)o / TC_NS_PER_S_F : 0.0);
 }
-TC_LOCKED_2(PyObject *, Scope_get_overshoot, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_overshoot, void *)
 
 static PyObject *Scope_get_deferred_locked(PyObject *self, void *c)
 {
@@ -146,7 +146,7 @@ static PyObject *Scope_get_deferred_locked(PyObject *self, void *c)
         Py_RETURN_NONE;
     return PyFloat_FromDouble((double)sc->deferred_ns / TC_NS_PER_S_F);
 }
-TC_LOCKED_2(PyObject *, Scope_get_deferred, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_deferred, void *)
 
 /* A new reference to `o`, or to None for NULL (the optional fields below). */
 static PyObject *ref_or_none(PyObject *o) { return Py_NewRef(o != NULL ? o : Py_None); }
@@ -156,14 +156,14 @@ static PyObject *Scope_get_deferred_where_locked(PyObject *self, void *c)
     (void)c;
     return ref_or_none(as_scope(self)->deferred_where);
 }
-TC_LOCKED_2(PyObject *, Scope_get_deferred_where, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_deferred_where, void *)
 
 static PyObject *Scope_get_prepared_locked(PyObject *self, void *c)
 {
     (void)c;
     return ref_or_none(prepare_peek(as_scope(self)));
 }
-TC_LOCKED_2(PyObject *, Scope_get_prepared, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_prepared, void *)
 
 static PyObject *Scope_get_delivered_at_locked(PyObject *self, void *c)
 {
@@ -172,7 +172,7 @@ static PyObject *Scope_get_delivered_at_locked(PyObject *self, void *c)
         Py_RETURN_NONE;
     return ns_to_float(as_scope(self)->delivered_at);
 }
-TC_LOCKED_2(PyObject *, Scope_get_delivered_at, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_delivered_at, void *)
 
 static PyObject *Scope_get_fired_at_locked(PyObject *self, void *c)
 {
@@ -181,7 +181,7 @@ static PyObject *Scope_get_fired_at_locked(PyObject *self, void *c)
         Py_RETURN_NONE;
     return ns_to_float(as_scope(self)->fired_at);
 }
-TC_LOCKED_2(PyObject *, Scope_get_fired_at, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_fired_at, void *)
 
 static PyObject *Scope_get_entered_at_locked(PyObject *self, void *c)
 {
@@ -190,7 +190,7 @@ static PyObject *Scope_get_entered_at_locked(PyObject *self, void *c)
         Py_RETURN_NONE;
     return ns_to_float(as_scope(self)->entered);
 }
-TC_LOCKED_2(PyObject *, Scope_get_entered_at, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_entered_at, void *)
 
 static PyObject *Scope_get_exited_at_locked(PyObject *self, void *c)
 {
@@ -199,28 +199,28 @@ static PyObject *Scope_get_exited_at_locked(PyObject *self, void *c)
         Py_RETURN_NONE;
     return ns_to_float(as_scope(self)->exited);
 }
-TC_LOCKED_2(PyObject *, Scope_get_exited_at, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_exited_at, void *)
 
 static PyObject *Scope_get_active_locked(PyObject *self, void *c)
 {
     (void)c;
     return PyBool_FromLong(as_scope(self)->state == SCOPE_ACTIVE);
 }
-TC_LOCKED_2(PyObject *, Scope_get_active, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_active, void *)
 
 static PyObject *Scope_get_used_locked(PyObject *self, void *c)
 {
     (void)c;
     return PyBool_FromLong(as_scope(self)->state != SCOPE_NEW);
 }
-TC_LOCKED_2(PyObject *, Scope_get_used, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_used, void *)
 
 static PyObject *Scope_get_raise_locked(PyObject *self, void *c)
 {
     (void)c;
     return PyBool_FromLong(as_scope(self)->raise_on_timeout);
 }
-TC_LOCKED_2(PyObject *, Scope_get_raise, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_raise, void *)
 
 static PyObject *Scope_get_native_id_locked(PyObject *self, void *c)
 {
@@ -229,21 +229,21 @@ static PyObject *Scope_get_native_id_locked(PyObject *self, void *c)
         Py_RETURN_NONE;
     return PyLong_FromLong((long)as_scope(self)->native_id);
 }
-TC_LOCKED_2(PyObject *, Scope_get_native_id, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_native_id, void *)
 
 static PyObject *Scope_get_exit_exc_locked(PyObject *self, void *c)
 {
     (void)c;
     return ref_or_none(as_scope(self)->exit_exc);
 }
-TC_LOCKED_2(PyObject *, Scope_get_exit_exc, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_exit_exc, void *)
 
 static PyObject *Scope_get_hook_locked(PyObject *self, void *c)
 {
     (void)c;
     return ref_or_none(as_scope(self)->hook);
 }
-TC_LOCKED_2(PyObject *, Scope_get_hook, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_hook, void *)
 
 static int Scope_set_hook_locked(PyObject *self, PyObject *value, void *c)
 {
@@ -262,7 +262,7 @@ static int Scope_set_hook_locked(PyObject *self, PyObject *value, void *c)
     Py_XSETREF(as_scope(self)->hook, value);
     return 0;
 }
-TC_LOCKED_3(int, Scope_set_hook, PyObject *, PyObject *, void *)
+TC_SCOPE_LOCKED_3(int, Scope_set_hook, PyObject *, void *)
 
 static PyObject *Scope_get_thread_ident_locked(PyObject *self, void *c)
 {
@@ -271,7 +271,7 @@ static PyObject *Scope_get_thread_ident_locked(PyObject *self, void *c)
         Py_RETURN_NONE;
     return PyLong_FromUnsignedLong(as_scope(self)->ident);
 }
-TC_LOCKED_2(PyObject *, Scope_get_thread_ident, PyObject *, void *)
+TC_SCOPE_LOCKED_2(PyObject *, Scope_get_thread_ident, void *)
 
 static PyMethodDef Scope_methods[] = {
     {"__enter__", Scope_enter, METH_NOARGS, "Arm the deadline; returns the scope."},
@@ -324,8 +324,42 @@ static PyGetSetDef Scope_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+#define SCOPE_DOC "Native deadline scope (use timeoutcore.thread_deadline)."
+#define SCOPE_FLAGS (Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC)
+
+#if TC_FREE_THREADED
+/* Free-threaded, the type is static.  A heap type's instances hold a
+ * reference to it that its own tp_dealloc drops with Py_DECREF: for
+ * DeadlineScope's instances, one atomic write per block to a cache line
+ * that every thread's blocks share, and the end of their scaling.  Under a
+ * static base, subtype_dealloc drops it instead, through the per-thread
+ * count CPython keeps for heap types.  (With the GIL nothing is shared
+ * that way, and the heap type made from the spec below stays.) */
+static PyTypeObject Scope_static = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "timeoutcore._core.Scope",
+    .tp_basicsize = sizeof(Scope),
+    .tp_flags = SCOPE_FLAGS,
+    .tp_doc = SCOPE_DOC,
+    .tp_new = Scope_new,
+    .tp_init = Scope_init,
+    .tp_dealloc = Scope_dealloc,
+    .tp_traverse = Scope_traverse,
+    .tp_clear = Scope_clear,
+    .tp_methods = Scope_methods,
+    .tp_getset = Scope_getset,
+};
+
+/* The Scope type (a new reference), or NULL with an exception. */
+static PyObject *scope_type_make(void)
+{
+    if (PyType_Ready(&Scope_static) < 0)
+        return NULL;
+    return Py_NewRef((PyObject *)&Scope_static);
+}
+#else
 static PyType_Slot Scope_slots[] = {
-    {Py_tp_doc, "Native deadline scope (use timeoutcore.thread_deadline)."},
+    {Py_tp_doc, SCOPE_DOC},
     {Py_tp_new, Scope_new},
     {Py_tp_init, Scope_init},
     {Py_tp_dealloc, Scope_dealloc},
@@ -340,7 +374,10 @@ static PyType_Spec Scope_spec = {
     "timeoutcore._core.Scope",
     sizeof(Scope),
     0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    SCOPE_FLAGS,
     Scope_slots,
 };
+
+static PyObject *scope_type_make(void) { return PyType_FromSpec(&Scope_spec); }
+#endif
 

@@ -92,6 +92,26 @@ static void slot_to(tc_slot *s, int to)
     atomic_store(&s->state, to);
 }
 
+#if TC_FREE_THREADED
+/* TC_SCOPE_BEGIN (tc_lock.h).  A scope's `slot` goes from NULL to a slot
+ * once (its entry) and back once (its exit), each time with that slot's
+ * lock held: read under the core lock and the scope's own lock it is
+ * steady, and once seen it is confirmed under the slot's. */
+static void scope_region_begin(tc_region *r, Scope *sc)
+{
+    tc_slot *s;
+    region_begin(r, &g_core_mu, &sc->mu);
+    while ((s = sc->slot) != NULL) {
+        PyCriticalSection2_End(&r->cs);
+        region_begin(r, &g_core_mu, &s->mu);
+        if (sc->slot == s)
+            return;
+        PyCriticalSection2_End(&r->cs); /* it exited meanwhile */
+        region_begin(r, &g_core_mu, &sc->mu);
+    }
+}
+#endif
+
 /* -- The scope stack ---------------------------------------------------------- */
 
 /* Earliest own deadline on the stack. */
@@ -510,7 +530,15 @@ static tc_slot *slot_get(void)
         if (!s->alive)
             break;
     if (s == NULL) {
-        s = (tc_slot *)calloc(1, sizeof *s);
+        /* A cache line of its own: its owner writes it on every block,
+         * and two threads' slots must not share one. */
+        void *mem = NULL;
+        size_t size = (sizeof *s + TC_CACHE_LINE - 1) / TC_CACHE_LINE * TC_CACHE_LINE;
+        if (posix_memalign(&mem, TC_CACHE_LINE, size) == 0)
+            memset(mem, 0, size);
+        else
+            mem = NULL;
+        s = (tc_slot *)mem;
         if (s == NULL) {
             pthread_mutex_unlock(&g_mu);
             PyErr_NoMemory();

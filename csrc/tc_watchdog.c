@@ -24,7 +24,8 @@
  */
 
 static pthread_t g_wd;
-static int g_wd_running;                  /* GIL                          */
+static _Atomic int g_wd_running;          /* set with the GIL / core lock;
+                                              the per-block path reads it */
 static _Atomic int g_wd_stop;
 static _Atomic uint32_t g_wd_seq;         /* futex word to wake it        */
 static _Atomic int64_t g_wd_planned = 0;  /* when it means to act next    */
@@ -222,7 +223,7 @@ static void wd_sweep(int64_t now)
         pthread_mutex_unlock(&g_mu);
         for (int i = 0; i < n; i++) {
             tc_slot *s = due[i];
-            TC_CORE_BEGIN();
+            TC_CORE_BEGIN_ON(s);
             /* again, in the core: its owner may have moved on */
             if (s->alive && !slot_fire(s, now, 0) && atomic_load(&s->state) == SLOT_INJECTED &&
                 atomic_load(&s->reinject_at) <= now)

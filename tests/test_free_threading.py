@@ -1,8 +1,9 @@
 """Scopes under real parallelism: the GIL stays off on free-threaded CPython, and a stress
 test in which 8 threads enter and exit scopes while 3 others cancel and reschedule them at
-random. The stress test runs on every interpreter (with a GIL it exercises the same
-interleavings at switch-interval granularity); on a free-threaded build the threads really
-run at once and the core lock (csrc/tc_lock.h) is what keeps it correct."""
+random, some before they are entered. The stress test runs on every interpreter (with a GIL
+it exercises the same interleavings at switch-interval granularity); on a free-threaded
+build the threads really run at once and the locks of csrc/tc_lock.h are what keep it
+correct: the core lock, and the scope's and its slot's on a plain entry and exit."""
 
 from __future__ import annotations
 
@@ -106,10 +107,18 @@ def _worker(board: Board, seed: int, blocks: int, out: list, errors: list,
         for i in range(blocks):
             limit = rnd.choice([0.0005, 0.002, 0.01, 0.5])
             body = rnd.uniform(0, 0.004)
+            # Every 4th scope is on the board before it is entered: the chaos threads may
+            # cancel or reschedule it before and while its entry runs (a plain entry holds
+            # the scope's own lock and its slot's, not the core lock: csrc/tc_lock.h).
+            scope = timeoutcore.thread_deadline(limit)
+            early = i % 4 == 3
+            if early:
+                board.add(scope)
             try:
                 try:
-                    with timeoutcore.thread_deadline(limit) as scope:
-                        board.add(scope)
+                    with scope:
+                        if not early:
+                            board.add(scope)
                         try:
                             if i % 3 == 0:
                                 timeoutcore.sleep(body)
