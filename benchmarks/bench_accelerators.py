@@ -13,7 +13,13 @@ bench``):
 - ``hogs3`` / ``hogs7``: the CPU loop in a pool worker next to 3 and 7 threads spinning in
   Python;
 - ``cpu_pool``: CPU work per second of 4 workers where every task runs under a deadline and
-  every 4th fires half-way, against the same work without deadlines (``x_same_work``).
+  every 4th fires half-way, against the same work without deadlines (``x_same_work``);
+- ``parallel``: blocks per second of 2 threads entering and exiting ``thread_deadline(10)``
+  blocks at once, over 1 thread's (``x2``; the no-op ``with`` beside it, ``x2_noop``: the
+  machine's own scaling), alternated, harness.parallel_round each;
+- ``floor3``: the floor of ``hogs3``: how long a thread spinning next to 3 spinning threads
+  waits, at a random instant, until it runs bytecode again (harness.run_floor); no
+  deadline lands before that.
 
 Each configuration runs in its own subprocess (the switch is read at import), and the
 configurations run in turn, round after round, in ABBA order (A B, B A, A B, ...), so that a
@@ -62,6 +68,8 @@ LIMIT_S = 0.05
 TRIALS = 40  # lateness trials per case and round
 OVERHEAD_ROUNDS = 200  # rounds of harness.CHEAP_OPS blocks
 POOL_REPS = 2  # run_cpu_pool's throughput_reps: 2 x CPU_POOL_TASKS tasks a mode
+PARALLEL_REPS = 5  # rounds per thread count and kind in the parallel case ...
+PARALLEL_BLOCKS = 100_000  # ... of this many blocks per thread
 
 # (key, title, workload attribute of harness, thread, busy threads)
 LATENESS = (
@@ -116,7 +124,25 @@ def child() -> dict[str, Any]:
     pool = harness.run_cpu_pool(plan)
     out["cpu_pool"] = {k: pool[k] for k in ("x_same_work", "deadlines_turns_per_s",
                                              "same_work_turns_per_s")}
+    out["parallel"] = _parallel(harness, timeoutcore.thread_deadline)
+    out["floor3"] = harness.run_floor(3)
     return out
+
+
+def _parallel(harness: Any, thread_deadline: Any) -> dict[str, float]:
+    """Blocks per second with 1 and 2 threads, timeoutcore and the no-op ``with``, each
+    the median of PARALLEL_REPS rounds taken in turn."""
+    makes = {"noop": harness.NoOp, "timeoutcore": lambda: thread_deadline(10)}
+    secs: dict[tuple[str, int], list[float]] = {}
+    for _ in range(PARALLEL_REPS):
+        for threads in (1, 2):
+            for kind, make in makes.items():
+                secs.setdefault((kind, threads), []).append(
+                    harness.parallel_round(threads, make, PARALLEL_BLOCKS))
+    rate = {k: k[1] * PARALLEL_BLOCKS / statistics.median(v) for k, v in secs.items()}
+    return {"rate1": round(rate["timeoutcore", 1]),
+            "x2": round(rate["timeoutcore", 2] / rate["timeoutcore", 1], 3),
+            "x2_noop": round(rate["noop", 2] / rate["noop", 1], 3)}
 
 
 def _trials(harness: Any, case: Any) -> list[Any]:
@@ -198,13 +224,27 @@ def _summary(label: str, runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]
                        "deadlines_turns_per_s": round(statistics.median(
                            r["cpu_pool"]["deadlines_turns_per_s"] for r in runs)),
                        "rounds": len(runs)}
+    if all("parallel" in r for r in runs):  # not in a raw file of an older run
+        x2 = [r["parallel"]["x2"] for r in runs]
+        out["parallel"] = {"config": label, "case": "parallel", "x2": round(statistics.median(x2), 3),
+                           "x2_lo": min(x2), "x2_hi": max(x2),
+                           "x2_noop": round(statistics.median(r["parallel"]["x2_noop"]
+                                                              for r in runs), 3),
+                           "rate1": round(statistics.median(r["parallel"]["rate1"] for r in runs)),
+                           "rounds": len(runs)}
+        f99 = [r["floor3"]["p99_ms"] for r in runs]
+        out["floor3"] = {"config": label, "case": "floor3",
+                         "p99_ms": round(statistics.median(f99), 3),
+                         "p99_ms_lo": min(f99), "p99_ms_hi": max(f99),
+                         "p50_ms": round(statistics.median(r["floor3"]["p50_ms"] for r in runs), 3),
+                         "rounds": len(runs)}
     return out
 
 
 LATENESS_KEYS = frozenset(key for key, *_ in LATENESS)
 # The figure each case is compared by.
 FIGURE = {"overhead": "per_block_ns", **{key: "p50_ms" for key, *_ in LATENESS},
-          "cpu_pool": "x_same_work"}
+          "cpu_pool": "x_same_work", "parallel": "x2", "floor3": "p99_ms"}
 
 
 def _ratios(base: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]],
@@ -305,6 +345,8 @@ def _measured(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
         "overhead": [s["overhead"] for s in summaries.values()],
         "lateness": [s[key] for s in summaries.values() for key, *_ in LATENESS],
         "cpu_pool": [s["cpu_pool"] for s in summaries.values()],
+        "parallel": [s["parallel"] for s in summaries.values() if "parallel" in s],
+        "floor3": [s["floor3"] for s in summaries.values() if "floor3" in s],
         "ratios": ratios,
     }
 
@@ -323,7 +365,7 @@ def _commit(tree: Path) -> str:
     return head + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
-TABLES = ("runs", "configs", "overhead", "lateness", "cpu_pool", "ratios")
+TABLES = ("runs", "configs", "overhead", "lateness", "cpu_pool", "parallel", "floor3", "ratios")
 
 
 def _merge(path: Path, measured: dict[str, Any]) -> None:

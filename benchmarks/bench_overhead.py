@@ -12,7 +12,7 @@ Optional peers (stopit, func_timeout) are skipped when not installed.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 from pytest_benchmark.fixture import BenchmarkFixture
@@ -70,49 +70,17 @@ def _watchdog_wakeups() -> int:
 
 
 # --- blocks entered in parallel -------------------------------------------------------------
-# On a free-threaded CPython the threads below really run at once, and what they share is the
-# core lock (csrc/tc_lock.h), taken once at entry and once at exit. Each round: `threads`
-# threads (started before the clock, released together) run PARALLEL_BLOCKS blocks each; the
+# On a free-threaded CPython the threads below really run at once; a plain entry and exit
+# share no lock between threads (csrc/tc_lock.h). Each round is harness.parallel_round; the
 # baseline is the same threads running a no-op context manager. per_op_ns is wall time per
 # block over all threads (so with 2 cores, perfect scaling halves it from 1 to 2 threads).
-
-PARALLEL_BLOCKS = 50_000
-
-
-class _Noop:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-def _parallel_round(threads: int, make: Callable[[], object]) -> Callable[[], None]:
-    def run() -> None:
-        start = threading.Barrier(threads + 1)
-
-        def work() -> None:
-            with thread_deadline(None):  # slot and timer made before the clock starts
-                pass
-            start.wait()
-            for _ in range(PARALLEL_BLOCKS):
-                with make():  # type: ignore[attr-defined]
-                    pass
-
-        ts = [threading.Thread(target=work) for _ in range(threads)]
-        for t in ts:
-            t.start()
-        start.wait()
-        for t in ts:
-            t.join()
-
-    return run
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4, 8])
 @pytest.mark.parametrize("kind", ["noop", "timeoutcore"])
 def test_parallel_blocks(benchmark: BenchmarkFixture, kind: str, threads: int) -> None:
-    make: Callable[[], object] = _Noop if kind == "noop" else (lambda: thread_deadline(30))
-    benchmark.pedantic(_parallel_round(threads, make), rounds=5, warmup_rounds=1)  # type: ignore[no-untyped-call]
-    _record(benchmark, f"{kind}, {threads} thread(s) in parallel", threads * PARALLEL_BLOCKS,
+    make: Callable[[], Any] = bench.NoOp if kind == "noop" else (lambda: thread_deadline(30))
+    benchmark.pedantic(bench.parallel_round, args=(threads, make),  # type: ignore[no-untyped-call]
+                       rounds=5, warmup_rounds=1)
+    _record(benchmark, f"{kind}, {threads} thread(s) in parallel", threads * bench.PARALLEL_BLOCKS,
             baseline=kind == "noop" and threads == 1)

@@ -158,12 +158,12 @@ class Method:
         """Untimed, between overhead rounds: let threads the blocks started finish."""
 
 
-class _NoOp:
+class NoOp:
     """The cheapest Python-level context manager."""
 
     __slots__ = ()
 
-    def __enter__(self) -> _NoOp:
+    def __enter__(self) -> NoOp:
         return self
 
     def __exit__(
@@ -186,7 +186,7 @@ class NoDeadline(Method):
 
     def empty_blocks(self, n: int) -> None:
         for _ in range(n):
-            with _NoOp():
+            with NoOp():
                 pass
 
 
@@ -1007,6 +1007,36 @@ def run_cpu_pool(plan: Plan, progress: Optional[Progress] = None) -> dict[str, A
         "x_same_work_q1": round(ratios[len(ratios) // 4], 3),
         "x_same_work_q3": round(ratios[len(ratios) * 3 // 4], 3),
     }
+
+
+PARALLEL_BLOCKS = 50_000  # blocks each thread runs in one parallel round
+
+
+def parallel_round(threads: int, make: Callable[[], ContextManager[Any]],
+                   blocks: int = PARALLEL_BLOCKS) -> float:
+    """Seconds of wall time for ``threads`` threads, started before the clock and released
+    together, to run ``blocks`` empty ``with make():`` blocks each. Each thread enters one
+    block of its own first (timeoutcore: its slot and kernel timer are made before the
+    clock starts). On a free-threaded CPython the threads really run at once: with 2
+    cores, perfect scaling halves the time per block from 1 to 2 threads."""
+    start = threading.Barrier(threads + 1)
+
+    def work() -> None:
+        with thread_deadline(None):
+            pass
+        start.wait()
+        for _ in range(blocks):
+            with make():
+                pass
+
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    start.wait()
+    t0 = _perf()
+    for t in ts:
+        t.join()
+    return _perf() - t0
 
 
 FLOOR_RUN_S = 2.0  # the floor case: how long the probe thread runs per hog level ...
