@@ -15,7 +15,7 @@ bench``):
 - ``cpu_pool``: CPU work per second of 4 workers where every task runs under a deadline and
   every 4th fires half-way, against the same work without deadlines (``x_same_work``);
 - ``parallel``: blocks per second of 2 threads entering and exiting ``thread_deadline(10)``
-  blocks at once, over 1 thread's (``x2``; the no-op ``with`` beside it, ``x2_noop``: the
+  blocks (harness.never_firing_scope) at once, over 1 thread's (``x2``; the no-op ``with`` beside it, ``x2_noop``: the
   machine's own scaling), alternated, harness.parallel_round each;
 - ``floor3``: the floor of ``hogs3``: how long a thread spinning next to 3 spinning threads
   waits, at a random instant, until it runs bytecode again (harness.run_floor); no
@@ -124,15 +124,15 @@ def child() -> dict[str, Any]:
     pool = harness.run_cpu_pool(plan)
     out["cpu_pool"] = {k: pool[k] for k in ("x_same_work", "deadlines_turns_per_s",
                                              "same_work_turns_per_s")}
-    out["parallel"] = _parallel(harness, timeoutcore.thread_deadline)
+    out["parallel"] = _parallel(harness)
     out["floor3"] = harness.run_floor(3)
     return out
 
 
-def _parallel(harness: Any, thread_deadline: Any) -> dict[str, float]:
+def _parallel(harness: Any) -> dict[str, float]:
     """Blocks per second with 1 and 2 threads, timeoutcore and the no-op ``with``, each
     the median of PARALLEL_REPS rounds taken in turn."""
-    makes = {"noop": harness.NoOp, "timeoutcore": lambda: thread_deadline(10)}
+    makes = {"noop": harness.NoOp, "timeoutcore": harness.never_firing_scope}
     secs: dict[tuple[str, int], list[float]] = {}
     for _ in range(PARALLEL_REPS):
         for threads in (1, 2):

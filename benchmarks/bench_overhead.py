@@ -79,7 +79,7 @@ def _watchdog_wakeups() -> int:
 @pytest.mark.parametrize("threads", [1, 2, 4, 8])
 @pytest.mark.parametrize("kind", ["noop", "timeoutcore"])
 def test_parallel_blocks(benchmark: BenchmarkFixture, kind: str, threads: int) -> None:
-    make: Callable[[], Any] = bench.NoOp if kind == "noop" else (lambda: thread_deadline(30))
+    make: Callable[[], Any] = bench.NoOp if kind == "noop" else bench.never_firing_scope
     benchmark.pedantic(bench.parallel_round, args=(threads, make),  # type: ignore[no-untyped-call]
                        rounds=5, warmup_rounds=1)
     _record(benchmark, f"{kind}, {threads} thread(s) in parallel", threads * bench.PARALLEL_BLOCKS,

@@ -1012,10 +1012,19 @@ def run_cpu_pool(plan: Plan, progress: Optional[Progress] = None) -> dict[str, A
 PARALLEL_BLOCKS = 50_000  # blocks each thread runs in one parallel round
 
 
+def never_firing_scope() -> ContextManager[Any]:
+    """``thread_deadline(NEVER)``: the parallel rounds' block. A module-level function on
+    purpose: on a free-threaded CPython a function made at run time (a lambda inside a
+    function) has a reference count that every thread calling it writes, and the threads
+    would wait for that, not for the block."""
+    return thread_deadline(NEVER)
+
+
 def parallel_round(threads: int, make: Callable[[], ContextManager[Any]],
                    blocks: int = PARALLEL_BLOCKS) -> float:
     """Seconds of wall time for ``threads`` threads, started before the clock and released
-    together, to run ``blocks`` empty ``with make():`` blocks each. Each thread enters one
+    together, to run ``blocks`` empty ``with make():`` blocks each (``make``: a class or a
+    module-level function, see never_firing_scope). Each thread enters one
     block of its own first (timeoutcore: its slot and kernel timer are made before the
     clock starts). On a free-threaded CPython the threads really run at once: with 2
     cores, perfect scaling halves the time per block from 1 to 2 threads."""
