@@ -1013,11 +1013,12 @@ PARALLEL_BLOCKS = 50_000  # blocks each thread runs in one parallel round
 
 
 def never_firing_scope() -> ContextManager[Any]:
-    """``thread_deadline(NEVER)``: the parallel rounds' block. A module-level function on
-    purpose: on a free-threaded CPython a function made at run time (a lambda inside a
-    function) has a reference count that every thread calling it writes, and the threads
-    would wait for that, not for the block."""
-    return thread_deadline(NEVER)
+    """``thread_deadline(10)`` (NEVER): the parallel rounds' block. A module-level function
+    with a literal limit on purpose: on a free-threaded CPython a function made at run time
+    (a lambda inside a function) and a module global's value (the float NEVER) have
+    reference counts that every thread using them writes, and the threads would wait for
+    those, not for the block."""
+    return thread_deadline(10)
 
 
 def parallel_round(threads: int, make: Callable[[], ContextManager[Any]],
