@@ -10,9 +10,11 @@
  * the block.  The only Python code they call is the scope's hook, before
  * arming (enter) and after disarming, shielded (exit), and DeadlineExceeded's
  * constructor at the very end.
- * Free-threaded: every method and getter runs inside the core lock (the
- * TC_LOCKED_ wrappers after each *_locked function; tc_lock.h), which is let
- * go around those three calls as the GIL could be.
+ * Free-threaded: __enter__ and __exit__ run inside the core lock, which is
+ * let go around those three calls as the GIL could be -- or, when
+ * enter_is_plain / exit_is_plain hold, inside the scope's and its slot's
+ * locks alone, which none of those calls needs (the per-block path,
+ * tc_lock.h).  Scope_init takes the core lock only to read a default hook.
  */
 
 /* Parse a positive finite number of seconds; NULL/None -> NAN.  Names the
@@ -224,11 +226,18 @@ static int scope_not_new(Scope *sc)
     return 1;
 }
 
+/* What __exit__ was given (__enter__: nothing). */
+typedef struct {
+    PyObject *const *args;
+    Py_ssize_t nargs;
+} scope_args;
+
 /* The entry, in the entering thread, inside the core lock or (all of
  * enter_is_plain holding) the per-block path's locks.  `now`: the time of
  * entry, or 0 to read it after the scope's hook. */
-static PyObject *scope_enter(PyObject *self, int64_t now)
+static PyObject *scope_enter(PyObject *self, const scope_args *a, int64_t now)
 {
+    (void)a;
     Scope *sc = as_scope(self);
     tc_slot *s;
 
@@ -315,13 +324,13 @@ static PyObject *scope_enter(PyObject *self, int64_t now)
     return self;
 }
 
-#if TC_FREE_THREADED
 /* May this entry take the per-block path (tc_lock.h): under the scope's
  * and its slot's locks, at `now`, does scope_enter touch nothing shared?
  * No hook to call, no watchdog to start, no interrupt on the slot to raise
  * again, and no deadline already past (it would fire). */
-static int enter_is_plain(Scope *sc, tc_slot *s, int64_t now)
+static int enter_is_plain(Scope *sc, tc_slot *s, const scope_args *a, int64_t now)
 {
+    (void)a;
     if (sc->state != SCOPE_NEW || sc->hook != NULL || s->fired != NULL ||
         atomic_load(&s->state) == SLOT_INJECTED)
         return 0;
@@ -329,29 +338,42 @@ static int enter_is_plain(Scope *sc, tc_slot *s, int64_t now)
         return sc->deadline == TC_NEVER || (sc->deadline > now && wd_running());
     return isnan(sc->seconds) || wd_running();
 }
-#endif
 
-static PyObject *Scope_enter(PyObject *self, PyObject *unused)
+/* Run `step` (scope_enter, scope_exit) for `self` in its own thread: on the
+ * per-block path if `plain` says it may, decided under that path's locks
+ * with the time it gives the step; else inside the core lock, the step
+ * reading the time itself.  With the GIL, always the latter (no lock). */
+static PyObject *scope_run(PyObject *self, const scope_args *a,
+                           int (*plain)(Scope *, tc_slot *, const scope_args *, int64_t),
+                           PyObject *(*step)(PyObject *, const scope_args *, int64_t))
 {
     PyObject *r;
-    (void)unused;
 #if TC_FREE_THREADED
     tc_slot *s = t_slot;
     if (s != NULL) {
-        int plain;
+        int fast;
         TC_OWN_BEGIN(as_scope(self), s);
         int64_t now = now_ns();
-        plain = enter_is_plain(as_scope(self), s, now);
-        r = plain ? scope_enter(self, now) : NULL;
+        fast = plain(as_scope(self), s, a, now);
+        r = fast ? step(self, a, now) : NULL;
         TC_CORE_END();
-        if (plain)
+        if (fast)
             return r;
     }
+#else
+    (void)plain;
 #endif
     TC_CORE_BEGIN();
-    r = scope_enter(self, 0);
+    r = step(self, a, 0);
     TC_CORE_END();
     return r;
+}
+
+static PyObject *Scope_enter(PyObject *self, PyObject *unused)
+{
+    scope_args a = {NULL, 0};
+    (void)unused;
+    return scope_run(self, &a, enter_is_plain, scope_enter);
 }
 
 /* Was the scope cancel()led (its Python class's `_cancelled`, which makes
@@ -449,8 +471,10 @@ static int run_exit_hook(tc_slot *s, PyObject *hook, PyObject *self, PyObject *e
 /* The exit, in the entering thread, inside the core lock or (all of
  * exit_is_plain holding) the per-block path's locks; `now`: the time of
  * exit, or 0 to read it here. */
-static PyObject *scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs, int64_t now)
+static PyObject *scope_exit(PyObject *self, const scope_args *a, int64_t now)
 {
+    PyObject *const *args = a->args;
+    Py_ssize_t nargs = a->nargs;
     Scope *sc = as_scope(self);
     tc_slot *s = t_slot;
     PyObject *exc_type = nargs > 0 ? args[0] : Py_None;
@@ -576,17 +600,15 @@ static PyObject *scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_FALSE;
 }
 
-#if TC_FREE_THREADED
 /* May this exit take the per-block path (tc_lock.h): under the scope's and
  * its slot's locks, at `now`, does scope_exit touch nothing shared?  The
  * block ends normally, innermost, before its deadline, with no hook or
  * deferral report to run, nothing fired, pending, pre-armed or raised into
  * it, and no enclosing deadline past (it would fire). */
-static int exit_is_plain(Scope *sc, tc_slot *s, PyObject *const *args, Py_ssize_t nargs,
-                         int64_t now)
+static int exit_is_plain(Scope *sc, tc_slot *s, const scope_args *a, int64_t now)
 {
     if (sc->state != SCOPE_ACTIVE || sc->slot != s || s->top != (PyObject *)sc ||
-        (nargs > 0 && args[0] != Py_None) || sc->hook != NULL || sc->deadline <= now ||
+        (a->nargs > 0 && a->args[0] != Py_None) || sc->hook != NULL || sc->deadline <= now ||
         sc->soft_pending || sc->deferred_where != NULL || sc->prepare.exc != NULL)
         return 0;
     if (s->fired != NULL || s->pending != NULL || s->async_pending ||
@@ -594,26 +616,9 @@ static int exit_is_plain(Scope *sc, tc_slot *s, PyObject *const *args, Py_ssize_
         return 0;
     return sc->parent == NULL || stack_due(sc->parent, now) == NULL;
 }
-#endif
 
 static PyObject *Scope_exit(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *r;
-#if TC_FREE_THREADED
-    tc_slot *s = t_slot;
-    if (s != NULL) {
-        int plain;
-        TC_OWN_BEGIN(as_scope(self), s);
-        int64_t now = now_ns();
-        plain = exit_is_plain(as_scope(self), s, args, nargs, now);
-        r = plain ? scope_exit(self, args, nargs, now) : NULL;
-        TC_CORE_END();
-        if (plain)
-            return r;
-    }
-#endif
-    TC_CORE_BEGIN();
-    r = scope_exit(self, args, nargs, 0);
-    TC_CORE_END();
-    return r;
+    scope_args a = {args, nargs};
+    return scope_run(self, &a, exit_is_plain, scope_exit);
 }
