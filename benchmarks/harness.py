@@ -1014,10 +1014,10 @@ PARALLEL_BLOCKS = 50_000  # blocks each thread runs in one parallel round
 
 def never_firing_scope() -> ContextManager[Any]:
     """``thread_deadline(10)`` (NEVER): the parallel rounds' block. A module-level function
-    with a literal limit on purpose: on a free-threaded CPython a function made at run time
-    (a lambda inside a function) and a module global's value (the float NEVER) have
-    reference counts that every thread using them writes, and the threads would wait for
-    those, not for the block."""
+    with an int limit on purpose: on a free-threaded CPython a function made at run time (a
+    lambda inside a function) and a float this module passes (NEVER, or a literal 10.0)
+    have reference counts that every thread using them writes, and the threads would wait
+    for those, not for the block (a small int is immortal)."""
     return thread_deadline(10)
 
 
