@@ -76,18 +76,25 @@ class Board:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.active: list[Any] = []
+        self.early: set[int] = set()  # ids of scopes put here before their entry
 
-    def add(self, scope: Any) -> None:
+    def add(self, scope: Any, early: bool = False) -> None:
         with self.lock:
             self.active.append(scope)
+            if early:
+                self.early.add(id(scope))
 
     def remove(self, scope: Any) -> None:
         with self.lock:
             self.active.remove(scope)
+            self.early.discard(id(scope))
 
-    def pick(self, rnd: random.Random) -> Any:
+    def pick(self, rnd: random.Random) -> tuple[Any, bool]:
         with self.lock:
-            return rnd.choice(self.active) if self.active else None
+            if not self.active:
+                return None, False
+            scope = rnd.choice(self.active)
+            return scope, id(scope) in self.early
 
 
 def _spin(seconds: float) -> None:
@@ -113,7 +120,7 @@ def _worker(board: Board, seed: int, blocks: int, out: list, errors: list,
             scope = timeoutcore.thread_deadline(limit)
             early = i % 4 == 3
             if early:
-                board.add(scope)
+                board.add(scope, early=True)
             try:
                 try:
                     with scope:
@@ -152,18 +159,27 @@ def _worker(board: Board, seed: int, blocks: int, out: list, errors: list,
     out.append(counts)
 
 
-def _chaos(board: Board, seed: int, stop: threading.Event, out: list, errors: list) -> None:
+def _chaos(board: Board, seed: int, stop: threading.Event, out: list, errors: list,
+           must_stop: list) -> None:
     rnd = random.Random(seed)
     n = 0
     try:
         while not stop.is_set():
-            scope = board.pick(rnd)
+            scope, early = board.pick(rnd)
             if scope is None:
                 time.sleep(0)
                 continue
             what = rnd.random()
             try:
-                if what < 0.3:
+                if early and what < 0.8:
+                    # A scope not yet (or just) entered is only cancelled: a reschedule
+                    # after the cancel would take it back before the entry fires it. A
+                    # cancel that took effect before the exit began (before the entry, or
+                    # racing it) must stop the block: it cannot end without firing.
+                    scope.cancel()
+                    if getattr(scope, "_cancelled", False) and scope.exited_at is None:
+                        must_stop.append(scope)
+                elif what < 0.3:
                     scope.cancel()
                 elif what < 0.6:
                     scope.reschedule(time.monotonic() + rnd.uniform(0, 0.003))
@@ -186,13 +202,15 @@ def test_stress_parallel_scopes_with_random_cancel_and_reschedule() -> None:
     results: list = []
     chaos_results: list = []
     errors: list = []
+    must_stop: list = []
     stop = threading.Event()
     from timeoutcore import _native
 
     started = threading.Barrier(workers + 1)
     ws = [threading.Thread(target=_worker, args=(board, s, blocks, results, errors, started))
           for s in range(workers)]
-    cs = [threading.Thread(target=_chaos, args=(board, 100 + s, stop, chaos_results, errors))
+    cs = [threading.Thread(target=_chaos,
+                           args=(board, 100 + s, stop, chaos_results, errors, must_stop))
           for s in range(chaos)]
     for t in ws + cs:
         t.start()
@@ -212,6 +230,9 @@ def test_stress_parallel_scopes_with_random_cancel_and_reschedule() -> None:
     # the test only means something if every kind of stop really happened, many times
     assert total["timeouts"] > 100 and total["cancelled"] > 100, total
     assert sum(chaos_results) > 1000, chaos_results
+    # no cancel is lost: not one issued before its block's entry, nor one racing it
+    lost = [sc for sc in must_stop if not sc.expired()]
+    assert len(must_stop) > 100 and lost == [], (len(must_stop), lost[:3])
     # every worker's slot and kernel timer went with its thread (slot_release at thread exit);
     # counted against the moment they all existed, not the test's start: a thread of an
     # earlier test may end meanwhile (a CI run saw 2 -> 1 live slots with the workers gone)
