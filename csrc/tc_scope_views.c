@@ -6,10 +6,11 @@
  *
  * Who calls what: Python code, in any thread, with the GIL (free-threaded:
  * inside the core lock and the scope's slot's, through the TC_SCOPE_LOCKED_
- * wrapper after each *_locked function; tc_lock.h).  reschedule() is the one that changes a deadline: it
- * publishes the slot's new earliest deadline (tc_slot.c: slot_publish, through slot_deadline_set) and
- * fires at once if that is already due.  Nothing here runs without the GIL
- * or in a signal handler.
+ * wrapper after each *_locked function; tc_lock.h).  reschedule() is the
+ * one that changes a deadline: it publishes the slot's new earliest
+ * deadline (tc_slot.c: slot_publish, through slot_deadline_set) and fires
+ * at once if that is already due.  Nothing here runs without the GIL or in
+ * a signal handler.
  */
 
 static PyObject *ns_to_float(int64_t ns)
