@@ -1,8 +1,10 @@
 /*
- * accel_self_fire.c -- accelerator self_fire (3.12+ with a GIL,
- * TC_SELF_FIRE): a thread that holds the GIL at its deadline fires it
- * itself, in a pending call at its own eval-breaker check, and the GIL never
- * changes hands.  Two halves: the watchdog's watch of the thread (wd_watch,
+ * accel_self_fire.c -- accelerator self_fire (3.12+, TC_SELF_FIRE): a
+ * thread fires its deadline itself, at its own eval-breaker check; this
+ * file has the decision there (pc_fire_here) and, with a GIL, the way to it
+ * (free-threaded: accel_self_fire_trigger.c).  With a GIL, a thread that
+ * holds the GIL at its deadline fires it in a pending call, and the GIL
+ * never changes hands.  Two halves: the watchdog's watch of the thread (wd_watch,
  * without the GIL: it looks at the GIL's holder, asks the thread to prepare
  * its exception, spins, and queues the call) and the call itself (pc_fire,
  * with the GIL, in whichever thread checks its breaker next).  Its hooks:
@@ -169,6 +171,16 @@ static int pc_fire_here(tc_slot *s, int *again)
     return 0;
 }
 
+/* The watch looks at the slot again at `at` (the planner: self_fire_look_at).
+ * Returns 1, for the watch's caller. */
+static int watch_again(tc_slot *s, uint64_t gen, int64_t at)
+{
+    atomic_store(&s->self_fire.watch_gen, gen);
+    atomic_store(&s->self_fire.watch_at, at);
+    return 1;
+}
+
+#if !TC_SELF_FIRE_TRIGGER
 /* The pending call itself.  pc_queued is set by whoever queues it (the
  * watchdog, with it clear) and stays set while a call is queued or running:
  * a call that asks to run again queues itself with the flag still set, and
@@ -230,13 +242,6 @@ static int64_t half_way(int64_t now, int64_t until)
     int64_t half = (until - now) / 2;
     int64_t at = now + (half > TC_WATCH_POLL_NS ? half : TC_WATCH_POLL_NS);
     return at < until ? at : until;
-}
-
-static int watch_again(tc_slot *s, uint64_t gen, int64_t at)
-{
-    atomic_store(&s->self_fire.watch_gen, gen);
-    atomic_store(&s->self_fire.watch_at, at);
-    return 1;
 }
 
 /* Queue pc_fire for slot `s` unless one is queued already (one call per
@@ -368,13 +373,21 @@ usual:
     atomic_store(&s->self_fire.watch_at, 0);
     return 0;
 }
+#endif /* !TC_SELF_FIRE_TRIGGER */
+#endif /* TC_SELF_FIRE */
+
+#if TC_SELF_FIRE_TRIGGER
+static int trigger_watch(tc_slot *s, uint64_t gen, int64_t deadline); /* accel_self_fire_trigger.c */
 #endif
 
 /* -- Hooks (tc_accel.h) ------------------------------------------------------ */
 
 static int self_fire_watch(tc_slot *s, uint64_t gen, int64_t deadline)
 {
-#if TC_SELF_FIRE
+#if TC_SELF_FIRE_TRIGGER
+    return accel_on(ACCEL_SELF_FIRE) && atomic_load(&s->state) == SLOT_ARMED &&
+           trigger_watch(s, gen, deadline);
+#elif TC_SELF_FIRE
     wd_event ev = {s, gen, deadline, deadline};
     return accel_on(ACCEL_SELF_FIRE) && atomic_load(&s->state) == SLOT_ARMED && wd_watch(ev);
 #else
@@ -398,11 +411,12 @@ static void self_fire_atfork_child(void)
     for (tc_slot *s = g_slots; s != NULL; s = s->next) {
         atomic_store(&s->self_fire.watch_at, 0);
         atomic_store(&s->self_fire.pc_queued, 0);
+        atomic_store(&s->self_fire.round.phase, 0); /* its triggers stay theirs */
     }
 }
 
 /* At import (tc_accel.h). */
 static const char *self_fire_unsupported(void)
 {
-    return TC_SELF_FIRE ? NULL : "unsupported on this CPython (3.12+ with a GIL only)";
+    return TC_SELF_FIRE ? NULL : "unsupported on this CPython (3.12+ only)";
 }

@@ -68,11 +68,13 @@ static char g_accel_failed[TC_ACCEL_WHY_MAX];  /* "failed its import check: ..."
 static char g_tstate_failed[TC_ACCEL_WHY_MAX]; /* the same, of the thread-state check:
                                                   the core itself then does not run */
 static char g_accel_needs_why[ACCEL_N][64];    /* "needs X, which is off" */
+static char g_self_fire_failed[TC_ACCEL_WHY_MAX]; /* self_fire's own check (self_fire_check) */
 static char g_accel_unknown[256];              /* names none of ours, comma-separated */
 static const char *g_internals = "not checked"; /* the import check: "passed", or why not */
 
-/* Which TIMEOUTCORE_ACCEL asks for, into `asked`. */
-static void accel_parse(int asked[ACCEL_N])
+/* Which TIMEOUTCORE_ACCEL asks for, into `asked`; 1 if it names them (a
+ * list), 0 if it asks for all or none. */
+static int accel_parse(int asked[ACCEL_N])
 {
     const char *env = getenv("TIMEOUTCORE_ACCEL");
     char buf[512], *save = NULL, *tok;
@@ -81,7 +83,7 @@ static void accel_parse(int asked[ACCEL_N])
         asked[a] = 1;
     g_accel_unknown[0] = '\0';
     if (env == NULL)
-        return;
+        return 0;
     len = strlen(env);
     if (len >= sizeof(buf))
         len = sizeof(buf) - 1;
@@ -90,11 +92,11 @@ static void accel_parse(int asked[ACCEL_N])
     buf[len] = '\0';
     tok = buf + strspn(buf, " \t");
     if (*tok == '\0' || strcmp(tok, "all") == 0)
-        return;
+        return 0;
     for (int a = 0; a < ACCEL_N; a++)
         asked[a] = 0;
     if (strcmp(tok, "none") == 0)
-        return;
+        return 0;
     for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
         int found = 0;
         char *end;
@@ -113,6 +115,7 @@ static void accel_parse(int asked[ACCEL_N])
                            used > 0 ? "," : "", tok);
         }
     }
+    return 1;
 }
 
 /* At import (tc_export.c: export_locked), GIL held: decide every flag,
@@ -120,9 +123,9 @@ static void accel_parse(int asked[ACCEL_N])
  * unset, which is what turns the fast window off.  Returns 0. */
 static int accel_setup(void)
 {
-    int asked[ACCEL_N], internals = 0, internals_ok = 0;
+    int asked[ACCEL_N], internals = 0, internals_ok = 0, listed;
     char why[TC_ACCEL_WHY_MAX - 32];
-    accel_parse(asked);
+    listed = accel_parse(asked);
     /* The thread-state check runs whatever was asked: the core reads those
      * fields itself, so a mismatch keeps the whole core from running
      * (tc_accel_core_refused; timeoutcore._native refuses to load) -- no
@@ -143,10 +146,30 @@ static int accel_setup(void)
         const char *off = accel_unsupported(a);
         if (off == NULL && !asked[a])
             off = "switched off by TIMEOUTCORE_ACCEL";
+        /* Free-threaded, the self-fire gives a CPU pool under frequent
+         * deadlines its speed back, and costs latency next to threads that
+         * keep every CPU busy (each round needs the watchdog to run twice):
+         * a trade the user makes (docs: accelerators). */
+        if (off == NULL && a == ACCEL_SELF_FIRE && TC_FREE_THREADED && !listed)
+            off = "free-threaded: on only when TIMEOUTCORE_ACCEL names it";
         if (off == NULL && accel_uses_internals(a) && !internals_ok)
             off = g_accel_failed;
         g_accel_why[a] = off;
         g_accel_on[a] = off == NULL;
+    }
+    /* Its mechanism, tried once (free-threaded: accel_self_fire_trigger.c). */
+    why[0] = '\0';
+    if (g_accel_on[ACCEL_SELF_FIRE] && !self_fire_check(why, sizeof(why))) {
+        (void)snprintf(g_self_fire_failed, sizeof(g_self_fire_failed),
+                       "failed its import check: %s", why);
+        g_accel_why[ACCEL_SELF_FIRE] = g_self_fire_failed;
+        g_accel_on[ACCEL_SELF_FIRE] = 0;
+    }
+    /* Free-threaded, the pre-arm switches the hook's events on ahead of a
+     * deadline, for every thread; the self-fire needs none. */
+    if (TC_FREE_THREADED && g_accel_on[ACCEL_SELF_FIRE] && g_accel_on[ACCEL_PREARM]) {
+        g_accel_why[ACCEL_PREARM] = "off while self_fire is on (free-threaded builds)";
+        g_accel_on[ACCEL_PREARM] = 0;
     }
     for (int a = 0; a < ACCEL_N; a++) { /* dependencies come earlier in the list */
         int need = accel_needs(a);

@@ -58,7 +58,8 @@
  *   another accelerator is tc_accel.c's (accel_uses_internals,
  *   accel_needs): a decision across accelerators, made in one place.
  *
- * Files: accel_anticipation.c, accel_fast_window.c, accel_self_fire.c,
+ * Files: accel_anticipation.c, accel_fast_window.c, accel_self_fire.c (and,
+ * free-threaded, accel_self_fire_trigger.c),
  * accel_prearm.c, accel_sleeping_tracer.c, accel_direct_delivery.c,
  * accel_prepare.c, accel_placement_rescue.c (placement and rescue: one
  * mechanism), accel_remote_relay.c.
@@ -313,15 +314,33 @@ static int sleeping_tracer_asleep(struct tc_slot *s);
 static int direct_delivery_try(struct tc_slot *s, PyThreadState *t, PyObject *exc,
                                PyObject *scope);
 
-/* -- self_fire (accel_self_fire.c) -------------------------------------------
- * 3.12+ with a GIL: a thread that holds the GIL at its deadline fires it
- * itself, in a pending call at its own breaker check; the watchdog watches
- * it without asking for the GIL. */
+/* -- self_fire (accel_self_fire.c, accel_self_fire_trigger.c) ----------------
+ * 3.12+: a thread fires its deadline itself, at its own eval-breaker check,
+ * where the interrupt surfaces at a loop's back-edge.  With a GIL, a thread
+ * that holds the GIL at its deadline runs the decision in a pending call,
+ * and the watchdog watches it without asking for the GIL; free-threaded, the
+ * watchdog hands the thread a trigger object the thread owns, whose
+ * deallocation runs the decision there (no interpreter-wide events, no
+ * other thread involved). */
 
 /* Per slot.  The watch's fields: the watchdog only (no GIL), watch_at and
  * watch_gen read by the planner too (self_fire_look_at); the call's: the
- * slot's thread, GIL held. */
+ * slot's thread, GIL held.  Free-threaded, `trigger` is made by the slot's
+ * thread and taken by the watchdog, each inside the core lock or the slot's
+ * own lock (tc_lock.h: the owner holds one, the watchdog both). */
+/* Free-threaded: a round of two triggers (accel_self_fire_trigger.c). */
+struct self_fire_round {
+    _Atomic int phase;           /* ROUND_*                                */
+    _Atomic uint64_t seq;        /* the latest round's number              */
+    _Atomic uint64_t armed;      /* the round whose A set the bit (0: none) */
+    PyObject *_Atomic b;         /* the second, once the watchdog has it
+                                    (taken by an exchange: no lock)        */
+};
+
 struct self_fire_slot {
+    PyObject *trigger[2];        /* free-threaded: the next round's two,
+                                    made by the slot's thread (or NULL)   */
+    struct self_fire_round round;
     _Atomic int pc_queued;       /* pc_fire is queued for it: set by the
                                     watchdog (no GIL), cleared by pc_fire  */
     _Atomic int64_t watch_at;    /* watched: when to look again (0: not);
@@ -356,6 +375,24 @@ static int64_t self_fire_look_at(struct tc_slot *s);
 /* The fork child (only the forking thread exists): the parent's watch and
  * queued calls are gone. */
 static void self_fire_atfork_child(void);
+
+/* The watchdog's sweep, g_mu held, atomics only: 1 if slot `s`, due, is left
+ * to the self-fire's watch for now (free-threaded: its trigger is on its
+ * way; firing it the usual way would switch the hook's events on). */
+static int self_fire_owns(struct tc_slot *s);
+
+/* The slot's own thread at a block's entry, inside the core lock or the
+ * per-block path's locks: a trigger ready for its next deadline
+ * (free-threaded). */
+static void self_fire_on_enter(struct tc_slot *s);
+
+/* A slot taken for a new thread (tc_slot.c: slot_get), GIL held, before it
+ * is that thread's: a trigger its previous owner made goes. */
+static void self_fire_slot_reuse(struct tc_slot *s);
+
+/* At import, GIL held, if self_fire is on: 1 if its mechanism works on this
+ * interpreter (free-threaded: trigger_check), else 0 with why in `why`. */
+static int self_fire_check(char *why, size_t n);
 
 /* -- prepare (accel_prepare.c) -----------------------------------------------
  * The DeadlineExceeded of the scope that will fire, built ahead of its

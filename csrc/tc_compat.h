@@ -28,6 +28,10 @@
  *     tc_gil.c): the watchdog, without the GIL (see "the fast window" below);
  *     its `locked` and `last_holder` (3.12+), which the watchdog reads
  *     without the GIL to see whether a guarded thread holds it (tc_gil.c).
+ *   - 3.14t: PyThreadState.eval_breaker, and its asynchronous-exception
+ *     bit (tc_gil.c: tc_async_exc_bit; confirmed at import), read, set and
+ *     cleared by a thread in its own state only (the self-fire's trigger,
+ *     "The self-fire's trigger" below).
  * Private functions: _PyEval_SetTrace (3.11 only),
  * _PyEval_RequestCodeExtraIndex / _PyCode_Get/SetExtra (3.11; PyUnstable_
  * from 3.12), see below; _PyEval_AddPendingCall (3.12+, via tc_gil.c: the
@@ -90,6 +94,7 @@ unsigned long tc_main_thread(void);        /* tc_gil.c */
 int tc_gil_holder(const void **holder);    /* tc_gil.c */
 int tc_add_pending(int (*func)(void *), void *arg); /* tc_gil.c */
 PyCodeObject *tc_iframe_code(void *iframe);          /* tc_gil.c */
+uintptr_t tc_async_exc_bit(void);                    /* tc_gil.c */
 static unsigned long *g_interval_addr;     /* set by tc_switch_setup        */
 
 /* At import, with the GIL, after tc_gil_setup (tc_accel.c: accel_setup). */
@@ -468,12 +473,14 @@ static inline int tc_back_edge_in_loop(PyFrameObject *f)
 #define TC_DIRECT_BACK_EDGE 0
 #endif
 
-/* -- Raising from a pending call at a back-edge (3.12+, with a GIL) -----------
+/* -- Raising at the thread's own breaker check, at a back-edge (3.12+) -------
  * A thread that holds the GIL at its deadline fires it itself, from a
  * pending call (tc_gil.c) that its eval loop runs at its next breaker check
  * (accel_self_fire.c: pc_fire).  An error returned from there surfaces at that
  * very instruction, as an asynchronous exception would -- no snapshot is
- * involved, the call runs inside the check.  It raises only at a loop's
+ * involved, the call runs inside the check.  Free-threaded, the same
+ * decision runs at the same check from a trigger object's deallocation
+ * (TC_SELF_FIRE_TRIGGER below; accel_self_fire_trigger.c).  It raises only at a loop's
  * back-edge (anywhere else -- a call that just returned, a function's
  * RESUME -- it asks to be run again at the next check): 1 if frame `f` is at
  * a JUMP_BACKWARD whose raise lands in the loop's own handler.  3.12 takes
@@ -486,7 +493,7 @@ static inline int tc_back_edge_in_loop(PyFrameObject *f)
  * back-edge (a JUMP_BACKWARD that is this loop's breaker check and never
  * usable: the caller hands the loop to the hook at once), 0 at any other
  * instruction. */
-#if PY_VERSION_HEX >= 0x030C0000 && !TC_FREE_THREADED
+#if PY_VERSION_HEX >= 0x030C0000
 #define TC_SELF_FIRE 1
 #if PY_VERSION_HEX >= 0x030D0000
 static inline int tc_breaker_back_edge_test(PyCodeObject *code, const unsigned char *b, Py_ssize_t n,
@@ -507,6 +514,35 @@ static inline int tc_breaker_back_edge(PyFrameObject *f)
 }
 #else
 #define TC_SELF_FIRE 0
+#endif
+
+/* -- The self-fire's trigger (free-threaded) -------------------------------
+ * Free-threaded, a pending call may run in any thread (CPython sets its bit
+ * in every thread's breaker), so the self-fire reaches its thread through
+ * an object that thread owns (accel_self_fire_trigger.c), and raises through
+ * the thread's own asynchronous-exception bit: PyThreadState.eval_breaker
+ * (declared in the cpython/ headers since 3.13, one word per thread) and the
+ * bit PyThreadState_SetAsyncExc sets there, which the import check learns
+ * from that call's effect and compares with the internal headers'
+ * (tc_async_exc_bit).  Read and cleared by the thread itself only. */
+#if TC_FREE_THREADED
+#define TC_SELF_FIRE_TRIGGER 1
+static inline uintptr_t tc_own_breaker(PyThreadState *t)
+{
+    return __atomic_load_n(&t->eval_breaker, __ATOMIC_SEQ_CST);
+}
+
+static inline void tc_own_breaker_clear(PyThreadState *t, uintptr_t bit)
+{
+    (void)__atomic_fetch_and(&t->eval_breaker, ~bit, __ATOMIC_SEQ_CST);
+}
+
+static inline void tc_own_breaker_set(PyThreadState *t, uintptr_t bit)
+{
+    (void)__atomic_fetch_or(&t->eval_breaker, bit, __ATOMIC_SEQ_CST);
+}
+#else
+#define TC_SELF_FIRE_TRIGGER 0
 #endif
 
 /* 3.14 compiles `with cm:` as LOAD_SPECIAL __enter__; CALL 0, and checks the

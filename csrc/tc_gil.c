@@ -103,8 +103,22 @@ TC_HIDDEN int tc_gc_collecting(void);
 TC_HIDDEN unsigned long tc_main_thread(void);
 TC_HIDDEN int tc_gil_holder(const void **holder);
 TC_HIDDEN int tc_add_pending(int (*func)(void *), void *arg);
-TC_HIDDEN int tc_gil_drop_requested(void);
+TC_HIDDEN /* The bit of a thread state's eval_breaker that asks for an asynchronous
+ * exception (3.13+: the breaker is per thread), or 0.  Not used as given:
+ * the self-fire's import check (accel_self_fire_trigger.c: trigger_check)
+ * takes it only if PyThreadState_SetAsyncExc is seen to set it. */
+uintptr_t tc_async_exc_bit(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return (uintptr_t)_PY_ASYNC_EXCEPTION_BIT;
+#else
+    return 0;
+#endif
+}
+
+int tc_gil_drop_requested(void);
 TC_HIDDEN PyCodeObject *tc_iframe_code(void *iframe);
+TC_HIDDEN uintptr_t tc_async_exc_bit(void);
 
 /* Set once at import (GIL held), and only if the import check held. */
 static PyInterpreterState *g_interp;

@@ -255,6 +255,7 @@ static PyObject *scope_enter(PyObject *self, const scope_args *a, int64_t now)
     s = t_slot;
     if (s == NULL && (s = slot_get()) == NULL)
         return NULL;
+    self_fire_on_enter(s); /* free-threaded: its trigger for this deadline */
 #if TC_IFRAME_ID
     sc->iframe = tc_current_iframe(PyThreadState_Get()); /* tc_compat.h */
     if (code_enters(tc_iframe_code(sc->iframe)))

@@ -566,6 +566,7 @@ static tc_slot *slot_get(void)
     pthread_mutex_unlock(&g_mu);
     stack_clear(s); /* leftovers of a previous owner, if any */
     (void)deliver_cancel(s);
+    self_fire_slot_reuse(s);
     if ((err = pthread_setspecific(g_key, s)) != 0) {
         slot_release(s);
         errno = err;

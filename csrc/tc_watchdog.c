@@ -211,8 +211,8 @@ static void wd_sweep(int64_t now)
         for (tc_slot *s = g_slots; s != NULL; s = s->next) {
             if (!s->alive)
                 continue;
-            if (slot_fire_due(s, now) || (atomic_load(&s->state) == SLOT_INJECTED &&
-                                          atomic_load(&s->reinject_at) <= now)) {
+            if ((slot_fire_due(s, now) && !self_fire_owns(s)) ||
+                (atomic_load(&s->state) == SLOT_INJECTED && atomic_load(&s->reinject_at) <= now)) {
                 if (n == TC_SWEEP_BATCH) {
                     more = 1;
                     break;

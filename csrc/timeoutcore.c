@@ -33,8 +33,11 @@
  *   accel_prearm.c        accelerator prearm: the hook armed ahead, the
  *                         thread fires its own deadline
  *   accel_prepare.c       accelerator prepare: the exception built ahead
- *   accel_self_fire.c     accelerator self_fire: the watch of a thread that
- *                         holds the GIL, and its pending call
+ *   accel_self_fire.c     accelerator self_fire: the decision at the
+ *                         thread's own breaker check; with a GIL, the watch
+ *                         of a thread that holds it, and its pending call
+ *   accel_self_fire_trigger.c  ... free-threaded: the trigger that takes
+ *                         the decision to that one thread
  *   tc_wd_main.c          the watchdog's loop, start and stop
  *   accel_remote_relay.c  accelerator remote_relay: remote cancels read
  *                         off the registry's control channel
@@ -68,6 +71,7 @@
 #include "accel_prearm.c"
 #include "accel_prepare.c"
 #include "accel_self_fire.c"
+#include "accel_self_fire_trigger.c"
 #include "tc_wd_main.c"
 #include "accel_remote_relay.c"
 #include "tc_scope.c"

@@ -72,6 +72,11 @@
  *     watchdog, a cancelling thread, the guarded thread itself) arms it with
  *     the GIL.  The fast window's switch interval is written under
  *     g_fast.mu, with or without the GIL (accel_fast_window.c).
+ *   - Free-threaded, the self-fire's triggers (accel_self_fire_trigger.c)
+ *     are made by the guarded thread and dropped by the watchdog, attached,
+ *     holding no lock; their deallocation runs in the guarded thread at its
+ *     eval-breaker check (anywhere else it only ends the round), waits a
+ *     bounded time without any lock, and decides inside the core lock.
  *   - The functions declared below (the cffi `lib`) are called by cffi
  *     WITHOUT the GIL, from any thread; tc_export() takes the GIL itself.
  *

@@ -172,6 +172,22 @@ def test_an_unknown_name_warns_and_the_rest_applies(tmp_path: Path) -> None:
 
 
 @native_only
+@pytest.mark.skipif(not FREE_THREADED, reason="the opt-in: free-threaded builds")
+def test_free_threaded_self_fire_is_on_only_when_named(tmp_path: Path) -> None:
+    """Free-threaded, `self_fire` trades latency next to busy threads for the throughput of
+    pools: off by default (saying how to have it, the pre-arm on), on when named (the
+    pre-arm then off: it would switch the events on ahead), and deadlines land either way."""
+    out = child(tmp_path)
+    assert out["why"]["self_fire"] == "free-threaded: on only when TIMEOUTCORE_ACCEL names it"
+    assert out["active"]["prearm"]
+    assert_delivered(out)
+    out = child(tmp_path, TIMEOUTCORE_ACCEL="self_fire,prearm,rescue,remote_relay")
+    assert out["active"]["self_fire"], out["why"]["self_fire"]
+    assert out["why"]["prearm"] == "off while self_fire is on (free-threaded builds)"
+    assert_delivered(out)
+
+
+@native_only
 @pytest.mark.skipif(FREE_THREADED, reason="no GIL state to point the check at")
 def test_a_wrong_internal_address_is_refused(tmp_path: Path) -> None:
     out = child(tmp_path, TIMEOUTCORE_TEST_CORRUPT_GIL_OFFSET="1")

@@ -1,17 +1,23 @@
-"""The self-fire (csrc/accel_self_fire.c: wd_watch, pc_fire; 3.12+ with a GIL): a
-thread that holds the GIL at its deadline fires it itself through a pending call, and one
-off the GIL is left to fire it once back. Reads its counters; skipped where it is off
-(where it is supported at all, 3.12+ with a GIL, 3.11 runs pending calls in the main thread
-only)."""
+"""The self-fire (csrc/accel_self_fire.c; 3.12+): a thread fires its deadline itself, at
+its own eval-breaker check. With a GIL (wd_watch, pc_fire) a thread that holds the GIL at
+its deadline fires it through a pending call, and one off the GIL is left to fire it once
+back; free-threaded (csrc/accel_self_fire_trigger.c) the watchdog hands the thread a round
+of two trigger objects it owns, and no other thread is involved. Reads its counters;
+skipped where it is off (3.11 runs pending calls in the main thread only)."""
 
 from __future__ import annotations
 
+import dis
+import gc
 import itertools
+import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import LATE, burn, in_thread, spinning_threads
+from conftest import FREE_THREADED, LATE, burn, in_thread, spinning_threads
 from test_integrity import _protected_spin_noted
 from test_watchdog import _Exits, _hooks_armed_now, _loop_inline
 
@@ -21,6 +27,10 @@ from timeoutcore import DeadlineExceeded
 from . import accelerated, native_only, running_watchdog, spin_for, stats
 
 pytestmark = [native_only, accelerated("self_fire")]
+
+#: the pending call's path (with a GIL) and the trigger's (free-threaded)
+with_gil = pytest.mark.skipif(FREE_THREADED, reason="the pending call: builds with a GIL")
+free_threaded = pytest.mark.skipif(not FREE_THREADED, reason="the trigger: free-threaded builds")
 
 @accelerated("prepare")  # the exception it raises was prepared ahead (wd_prepare)
 def test_a_thread_holding_the_gil_at_its_deadline_fires_it_itself() -> None:
@@ -44,6 +54,7 @@ def test_a_thread_holding_the_gil_at_its_deadline_fires_it_itself() -> None:
     assert after["hooked_now"] == 0
 
 
+@with_gil
 def test_the_watchdog_never_spins_on_the_watched_threads_cpu() -> None:
     """Before a deadline of a thread that holds the GIL, the watchdog spins its last
     0.1 ms to queue the self-fire on time -- on another CPU. On the thread's own CPU the
@@ -82,6 +93,7 @@ def test_the_watchdog_never_spins_on_the_watched_threads_cpu() -> None:
     assert after["watch_sleeps"] > before["watch_sleeps"], (before, after)
 
 
+@with_gil
 def test_a_crowded_process_leaves_a_thread_off_the_gil_to_fire_itself() -> None:
     """3.12+ with a GIL: next to 3 spinning threads the guarded thread is mostly off the
     GIL when its deadline comes. The watchdog does not queue for the GIL to fire it from
@@ -179,3 +191,130 @@ def test_a_thread_that_fires_itself_hands_a_protected_wait_to_the_hook() -> None
     # A stray second call (another thread ran it: it only clears the flag) is allowed; a
     # call per back-edge of the protected loop would be thousands.
     assert handed[0] <= 3, handed
+
+
+# -- Free-threaded: the trigger (csrc/accel_self_fire_trigger.c) ------------------------------
+
+
+def _spin_in_block(seconds: float) -> None:
+    """A CPU loop with a deadline, in its own function (the raise's frame)."""
+    with timeoutcore.thread_deadline(seconds):
+        for _ in itertools.count():
+            pass
+
+
+@free_threaded
+def test_a_spinning_thread_is_stopped_by_its_own_round_of_triggers() -> None:
+    """Free-threaded: a thread spinning at its deadline is stopped by a round of its own
+    triggers -- the watchdog drops two objects the thread made, the thread deallocates
+    them at its next eval-breaker checks and raises at its loop's back-edge -- without the
+    hook, whose events would slow every thread. A trial the OS did not run for a while
+    (a loaded machine) may be handed to the hook: the trials go on until enough were the
+    triggers'."""
+    before, trials = stats(), 0
+    # The cap: a round that never raises fails, never hangs.
+    while stats()["pending_raises"] - before["pending_raises"] < 10 and trials < 200:
+        trials += 1
+        scope = timeoutcore.thread_deadline(0.02)
+        with pytest.raises(DeadlineExceeded):
+            with scope:
+                for _ in itertools.count():
+                    pass
+        assert scope.overshoot is not None and scope.overshoot < LATE
+    after = stats()
+    assert after["pending_raises"] - before["pending_raises"] >= 10, (trials, before, after)
+    # broken (every fire through the hook): one hook raise per trial
+    assert after["hook_raises"] - before["hook_raises"] < trials / 2, (trials, before, after)
+    assert after["pending_calls"] - before["pending_calls"] >= 10
+    assert after["hooked_now"] == 0
+
+
+@free_threaded
+def test_the_trigger_raises_at_the_back_edge_of_the_loop_in_the_block() -> None:
+    """Where the trigger's round raises: at a JUMP_BACKWARD of the loop's own frame, inside
+    the block (the innermost entry of the interrupt's traceback; DeadlineExceeded, raised
+    by the block's exit, has the interrupt as its context)."""
+    before, seen = stats(), []
+    for _ in range(20):
+        with pytest.raises(DeadlineExceeded) as info:
+            _spin_in_block(0.02)
+        # the interrupt, raised in the loop; DeadlineExceeded is the block's exit's
+        tb = info.value.__context__.__traceback__ if info.value.__context__ else None
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        assert tb is not None and tb.tb_frame.f_code is _spin_in_block.__code__
+        ops = {i.offset: i.opname for i in dis.get_instructions(_spin_in_block)}
+        seen.append(ops.get(tb.tb_lasti))
+        if stats()["pending_raises"] > before["pending_raises"]:
+            break
+    assert stats()["pending_raises"] > before["pending_raises"], seen
+    assert "JUMP_BACKWARD" in seen, seen
+
+
+@free_threaded
+def test_code_without_a_usable_back_edge_is_handed_to_the_hook() -> None:
+    """A body whose breaker checks are never a loop's back-edge of its own -- calls made
+    from C (`sum(map(...))`) -- declines round after round (each check a function's entry),
+    then hands the deadline to the hook, which raises at a line. Never lost. (`step` has
+    a line of its own: the hook raises at a line boundary, and a function written on its
+    `def` line has none that sys.monitoring reports.)"""
+    def step(x: int) -> int:
+        y = x + 1  # two lines: a line boundary inside, where the hook raises
+        return y
+
+    before = stats()
+    scope = timeoutcore.thread_deadline(0.02)
+    with pytest.raises(DeadlineExceeded):
+        with scope:
+            sum(map(step, itertools.count()))
+    assert scope.overshoot is not None and scope.overshoot < LATE
+    after = stats()
+    assert after["pending_calls"] > before["pending_calls"], (before, after)
+    assert after["hook_raises"] > before["hook_raises"], (before, after)
+    assert after["hooked_now"] == 0
+
+
+@free_threaded
+def test_collections_in_the_block_never_lose_the_deadline() -> None:
+    """A free-threaded collection merges every thread's queued objects with the world
+    stopped, in the collecting thread: a trigger may be deallocated there, or in its own
+    thread inside the collection -- outside any breaker check. The round then ends, and the
+    deadline still lands (the next round, or the hook)."""
+    for _ in range(10):
+        scope = timeoutcore.thread_deadline(0.02)
+        with pytest.raises(DeadlineExceeded):
+            with scope:
+                for _ in itertools.count():
+                    gc.collect(0)
+        assert scope.overshoot is not None and scope.overshoot < LATE
+    assert stats()["hooked_now"] == 0
+
+
+@free_threaded
+def test_a_wrong_breaker_bit_is_refused_and_deadlines_still_land(tmp_path: Path) -> None:
+    """The import check (trigger_check) confirms the eval breaker's async-exception bit
+    from PyThreadState_SetAsyncExc's effect, then runs whole rounds; told to take the next
+    bit instead (the test hook), it refuses: self_fire is off, saying why, the pre-arm
+    (named too) is on, and a deadline still stops a CPU loop."""
+    child = (
+        "import json, timeoutcore\n"
+        "from timeoutcore import DeadlineExceeded, thread_deadline\n"
+        "why = timeoutcore.accelerators(explain=True)\n"
+        "try:\n"
+        "    with thread_deadline(0.05):\n"
+        "        while True:\n"
+        "            pass\n"
+        "    ended = 'ran on'\n"
+        "except DeadlineExceeded:\n"
+        "    ended = 'DeadlineExceeded'\n"
+        "print(json.dumps({'why': why, 'ended': ended}))\n"
+    )
+    env = dict(os.environ, TIMEOUTCORE_TEST_CORRUPT_BREAKER_BIT="1",
+               TIMEOUTCORE_ACCEL="self_fire,prearm,rescue,remote_relay")
+    out = subprocess.run([sys.executable, "-c", child], env=env, cwd=tmp_path, timeout=60,
+                         capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout)
+    assert got["why"]["self_fire"].startswith("failed its import check:"), got
+    assert "breaker bit" in got["why"]["self_fire"], got
+    assert got["why"]["prearm"] is None, got
+    assert got["ended"] == "DeadlineExceeded", got
