@@ -175,6 +175,14 @@ static void trigger_make(tc_slot *s)
             s->self_fire.trigger[k] = trigger_new(s, &s->self_fire.round, k);
 }
 
+/* The slot's thread: the watchdog looks at the slot at once (the planner
+ * plans it at watch_at). */
+static void watch_now(tc_slot *s)
+{
+    atomic_store(&s->self_fire.watch_at, now_ns());
+    wd_wake();
+}
+
 /* The slot's thread, its round over without a decision: the next round's
  * triggers, and the watchdog asked for it at once. */
 static void round_again(tc_slot *s)
@@ -182,8 +190,7 @@ static void round_again(tc_slot *s)
     TC_CORE_BEGIN();
     trigger_make(s);
     TC_CORE_END();
-    atomic_store(&s->self_fire.watch_at, now_ns());
-    wd_wake();
+    watch_now(s);
 }
 
 /* The import check's rounds: how many at most, for how long in all, and how
@@ -211,10 +218,8 @@ static void round_a_here(tc_slot *s, struct self_fire_round *rd, uint64_t no)
     }
     if (!atomic_compare_exchange_strong(&rd->phase, &expected, ROUND_WAITING))
         return;
-    if (s != NULL) { /* the watchdog: to drop B now */
-        atomic_store(&s->self_fire.watch_at, now_ns());
-        wd_wake();
-    }
+    if (s != NULL)
+        watch_now(s); /* to drop B now */
     /* Bounded in every phase: the dropping side may itself wait -- to attach,
      * behind a stop of the world that waits for this very thread. */
     for (;;) {
@@ -468,10 +473,8 @@ static void round_b_here(tc_slot *s, uint64_t no)
         tc_own_breaker_clear(ts, g_trigger_bit);
         Py_DECREF(raised);
     }
-    else if (again) {
-        atomic_store(&s->self_fire.watch_at, now_ns());
-        wd_wake();
-    }
+    else if (again)
+        watch_now(s);
 }
 
 static void trigger_dealloc(PyObject *o)
