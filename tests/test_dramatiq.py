@@ -197,6 +197,11 @@ def test_abort_stops_a_running_message_which_is_not_retried(
     message = worker.send("counted", key, 60)  # retried up to 3 times, 50-100 ms apart
     info = wait_for_job(coordinator, message.message_id)
     assert info.label == f"counted[{message.message_id}]"
+    # The registry lists the message before its body runs: abort only once the body has
+    # counted its run, or the abort may stop it before the count (a run of 0, not 1).
+    end = time.monotonic() + 10.0
+    while r.get(key) is None and time.monotonic() < end:
+        time.sleep(0.005)
     sent = time.monotonic()
     assert abort(message, registry=coordinator) is True
     failure = worker.failure(message)
