@@ -205,15 +205,33 @@ static inline int tc_optional_attr(PyObject *o, PyObject *name, PyObject **resul
  *     Tracing is per thread in 3.11: other threads pay nothing.
  *   3.12+: legacy tracing became a layer over sys.monitoring (PEP 669) and
  *     _PyEval_SetTrace is no longer exported from 3.13, so the hook is a
- *     sys.monitoring tool of its own (LINE and backward JUMP events).  Events
- *     are interpreter-wide: while any delivery is pending every thread runs
- *     instrumented code and calls the callback, which returns at once when
- *     its own thread has nothing pending.
+ *     sys.monitoring tool of its own (LINE and backward JUMP events; PY_START
+ *     from 3.13, below).  Events are interpreter-wide: while any delivery is
+ *     pending every thread runs instrumented code and calls the callback,
+ *     which returns at once when its own thread has nothing pending.
  * Private fields read: PyThreadState.c_tracefunc / c_traceobj (3.11). */
 #if PY_VERSION_HEX < 0x030C0000
 #define TC_HOOK_TRACE 1
 #else
 #define TC_HOOK_TRACE 0
+#endif
+
+/* -- A function's start is a line boundary too (3.13+) ------------------------
+ * From 3.13 a function emits no LINE event for a line it starts on: a body
+ * on the `def` line (`def step(x): return x`, a lambda) runs no LINE event
+ * at all, and called over and over from a loop written in C (`sum(map(step,
+ * itertools.count()))`) has no backward jump either -- the hook was never
+ * called and the block ran on past its deadline, for ever.  3.12 emits the
+ * LINE event there.  So from 3.13 the hook also takes PY_START, with the
+ * LINE callback: the same point 3.12's first LINE event is, and the same
+ * checks (the callee's frame is on the stack it walks: an __exit__, a
+ * finalizer or protected code started there defers).  Not PY_RESUME: a
+ * generator resumed mid-line is in the middle of its caller's statement, and
+ * one resumed from C over and over has its own loop (a JUMP) or returns. */
+#if PY_VERSION_HEX >= 0x030D0000
+#define TC_HOOK_PY_START 1
+#else
+#define TC_HOOK_PY_START 0
 #endif
 
 /* -- Raising from a sys.monitoring JUMP callback ------------------------------

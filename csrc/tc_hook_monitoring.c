@@ -1,6 +1,7 @@
 /*
  * tc_hook_monitoring.c -- the delivery hook on 3.12+ (not TC_HOOK_TRACE): a
- * sys.monitoring tool whose LINE and JUMP callbacks (and, where
+ * sys.monitoring tool whose LINE and JUMP callbacks (from 3.13 PY_START,
+ * with the LINE callback: tc_compat.h; and, where
  * TC_JUMP_DEFER_BUILD, INSTRUCTION events on one code object) run at the
  * guarded thread's line boundaries and loop jumps.  Part of the unity build
  * (timeoutcore.c), after tc_hook_trace.c; the whole file is empty when
@@ -20,7 +21,7 @@
 
 static PyObject *g_set_events;       /* sys.monitoring.set_events          */
 static int g_tool = -1;              /* our tool id                         */
-static long g_events;                /* LINE | JUMP                         */
+static long g_events;                /* LINE | JUMP (| PY_START)            */
 static _Atomic int g_armed;          /* threads with the hook armed         */
 
 #if TC_JUMP_DEFER_BUILD
@@ -223,7 +224,8 @@ static inline int hook_core_busy(tc_slot *s)
 #endif
 }
 
-/* LINE callback (code, line). */
+/* LINE callback (code, line); from 3.13 the PY_START callback (code,
+ * offset) too: arguments unused. */
 static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {
     tc_slot *s = t_slot;
@@ -313,8 +315,10 @@ static PyObject *mon_insn(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
  * advances before it handles the breaker); 3.13+ keeps it per thread. */
 static void hook_drain(void) {}
 
-/* Backstop: LINE and backward JUMP events cover every loop of bytecode, so
- * there is nothing to add. */
+/* Backstop: LINE and backward JUMP events cover every loop of bytecode, and
+ * PY_START (3.13+) every call of Python code from a loop in C, so there is
+ * nothing to add.  A loop in C that calls no Python code at all is beyond
+ * any hook (docs: limits). */
 static void hook_nudge(tc_slot *s, PyThreadState *t)
 {
     (void)s;
@@ -336,7 +340,7 @@ static int hook_setup(void)
 {
     static const int candidates[] = {4, 3};
     PyObject *mon = NULL, *events = NULL, *cb = NULL, *r = NULL;
-    long line, jump;
+    long line, jump, start = 0;
     int rc = -1;
 
     mon = PyImport_ImportModule("sys");
@@ -351,6 +355,12 @@ static int hook_setup(void)
     if (r == NULL)
         goto done;
     jump = PyLong_AsLong(r);
+#if TC_HOOK_PY_START
+    Py_SETREF(r, PyObject_GetAttrString(events, "PY_START"));
+    if (r == NULL)
+        goto done;
+    start = PyLong_AsLong(r);
+#endif
     Py_CLEAR(r);
     for (size_t i = 0; i < sizeof candidates / sizeof candidates[0] && g_tool < 0; i++) {
         r = PyObject_CallMethod(mon, "get_tool", "i", candidates[i]);
@@ -375,6 +385,11 @@ static int hook_setup(void)
     if ((r = PyObject_CallMethod(mon, "register_callback", "ilO", g_tool, line, cb)) == NULL)
         goto done;
     Py_CLEAR(r);
+    if (start != 0) {
+        if ((r = PyObject_CallMethod(mon, "register_callback", "ilO", g_tool, start, cb)) == NULL)
+            goto done;
+        Py_CLEAR(r);
+    }
     Py_SETREF(cb, PyCFunction_New(&g_mon_jump_def, NULL));
     if (cb == NULL)
         goto done;
@@ -397,7 +412,7 @@ static int hook_setup(void)
             goto done;
     }
 #endif
-    g_events = line | jump;
+    g_events = line | jump | start;
     rc = 0;
 done:
     Py_XDECREF(r);

@@ -19,9 +19,11 @@ fires the tasks off the socket without the GIL (csrc/accel_remote_relay.c).
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures as cf
 import faulthandler
 import io
+import itertools
 import json
 import logging
 import queue
@@ -77,13 +79,18 @@ def spin_tight(s: Shared, seconds: float, shape: int) -> None:
     back-edge's, and raising there must still run the with's exit: csrc/tc_compat.h, the
     JUMP bug), or a `for` whose body ends in `if ...: break`. The `while` and the `break`
     shapes have their closing jump outside the with's handler range (the compiler's
-    layout), which the self-fire must not take for the loop's (tc_back_edge_test)."""
+    layout), which the self-fire must not take for the loop's (tc_back_edge_test). Or no
+    loop of bytecode at all: a loop in C calling a one-line lambda, which from 3.13 only
+    its start can stop (csrc/tc_compat.h: TC_HOOK_PY_START)."""
     end = time.perf_counter() + seconds
     with s.tight:
         if shape == 0:
             for _ in range(int(seconds * 2e7)): pass  # noqa: E701
         elif shape == 1:
             while time.perf_counter() < end: pass  # noqa: E701
+        elif shape == 3:
+            collections.deque(itertools.takewhile(
+                lambda _: time.perf_counter() < end, itertools.count()), maxlen=0)
         else:
             for _ in iter(int, 1):
                 if time.perf_counter() > end:
@@ -134,7 +141,7 @@ def body(s: Shared, rnd: random.Random, i: int) -> None:
             if rnd.random() < 0.5:
                 spin(rnd.uniform(20e-6, 200e-6))
             else:
-                spin_tight(s, rnd.uniform(20e-6, 200e-6), rnd.randrange(3))
+                spin_tight(s, rnd.uniform(20e-6, 200e-6), rnd.randrange(4))
 
 
 class Remote:
