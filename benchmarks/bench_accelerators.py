@@ -14,6 +14,7 @@ bench``):
   Python;
 - ``cpu_pool``: CPU work per second of 4 workers where every task runs under a deadline and
   every 4th fires half-way, against the same work without deadlines (``x_same_work``);
+  ``cpu_pool_calls`` the same with a loop that calls a Python function every turn;
 - ``parallel``: blocks per second of 2 threads entering and exiting ``thread_deadline(10)``
   blocks (harness.never_firing_scope) at once, over 1 thread's (``x2``; the no-op ``with`` beside it, ``x2_noop``: the
   machine's own scaling), alternated, harness.parallel_round each;
@@ -71,6 +72,8 @@ POOL_REPS = 2  # run_cpu_pool's throughput_reps: 2 x CPU_POOL_TASKS tasks a mode
 PARALLEL_REPS = 5  # rounds per thread count and kind in the parallel case ...
 PARALLEL_BLOCKS = 100_000  # ... of this many blocks per thread
 
+POOLS = (("cpu_pool", False), ("cpu_pool_calls", True))  # (key, the loop calls a function)
+
 # (key, title, workload attribute of harness, thread, busy threads)
 LATENESS = (
     ("quiet_cpu_main", "quiet: CPU loop, main thread", "CPU", "main", 0),
@@ -121,9 +124,10 @@ def child() -> dict[str, Any]:
         out[key] = {"samples_ms": [round((tr.exit.left_at - tr.exit.deadline) * 1e3, 4)
                                    for tr in trials],
                     "not_interrupted": outcomes.count("not_interrupted")}
-    pool = harness.run_cpu_pool(plan)
-    out["cpu_pool"] = {k: pool[k] for k in ("x_same_work", "deadlines_turns_per_s",
-                                             "same_work_turns_per_s")}
+    for key, calls in POOLS:
+        pool = harness.run_cpu_pool(plan, calls=calls)
+        out[key] = {k: pool[k] for k in ("x_same_work", "deadlines_turns_per_s",
+                                         "same_work_turns_per_s")}
     out["parallel"] = _parallel(harness)
     out["floor3"] = harness.run_floor(3)
     return out
@@ -217,13 +221,16 @@ def _summary(label: str, runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]
                     "p99_ms_round_hi": round(max(p99), 3),
                     "trials": len(pooled), "rounds": len(runs),
                     "not_interrupted": sum(row["not_interrupted"] for row in rows)}
-    x = [r["cpu_pool"]["x_same_work"] for r in runs]
-    out["cpu_pool"] = {"config": label, "case": "cpu_pool",
-                       "x_same_work": round(statistics.median(x), 3),
-                       "x_same_work_lo": min(x), "x_same_work_hi": max(x),
-                       "deadlines_turns_per_s": round(statistics.median(
-                           r["cpu_pool"]["deadlines_turns_per_s"] for r in runs)),
-                       "rounds": len(runs)}
+    for key, _calls in POOLS:
+        if not all(key in r for r in runs):  # not in a raw file of an older run
+            continue
+        x = [r[key]["x_same_work"] for r in runs]
+        out[key] = {"config": label, "case": key,
+                    "x_same_work": round(statistics.median(x), 3),
+                    "x_same_work_lo": min(x), "x_same_work_hi": max(x),
+                    "deadlines_turns_per_s": round(statistics.median(
+                        r[key]["deadlines_turns_per_s"] for r in runs)),
+                    "rounds": len(runs)}
     if all("parallel" in r for r in runs):  # not in a raw file of an older run
         x2 = [r["parallel"]["x2"] for r in runs]
         out["parallel"] = {"config": label, "case": "parallel", "x2": round(statistics.median(x2), 3),
@@ -244,7 +251,8 @@ def _summary(label: str, runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]
 LATENESS_KEYS = frozenset(key for key, *_ in LATENESS)
 # The figure each case is compared by.
 FIGURE = {"overhead": "per_block_ns", **{key: "p50_ms" for key, *_ in LATENESS},
-          "cpu_pool": "x_same_work", "parallel": "x2", "floor3": "p99_ms"}
+          "cpu_pool": "x_same_work", "cpu_pool_calls": "x_same_work", "parallel": "x2",
+          "floor3": "p99_ms"}
 
 
 def _ratios(base: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]],
@@ -344,7 +352,7 @@ def _measured(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]],
                     for label, accel in args.config],
         "overhead": [s["overhead"] for s in summaries.values()],
         "lateness": [s[key] for s in summaries.values() for key, *_ in LATENESS],
-        "cpu_pool": [s["cpu_pool"] for s in summaries.values()],
+        "cpu_pool": [s[key] for s in summaries.values() for key, _ in POOLS if key in s],
         "parallel": [s["parallel"] for s in summaries.values() if "parallel" in s],
         "floor3": [s["floor3"] for s in summaries.values() if "floor3" in s],
         "ratios": ratios,

@@ -930,26 +930,48 @@ def _spin_counting(seconds: float, cell: list[int]) -> None:
                 return
 
 
+def _next_turn(n: int) -> int:
+    m = n + 1
+    return m
+
+
+def _spin_calling(seconds: float, cell: list[int]) -> None:
+    """_spin_counting with a call of a small Python function every turn: work made of
+    calls, which pays for each function start the delivery hook watches while its events
+    are on (every thread's, on 3.12+)."""
+    clock = _perf
+    end = clock() + seconds
+    n = 0
+    while True:
+        n = _next_turn(n)
+        if not n & 63:
+            cell[0] = n
+            if clock() >= end:
+                return
+
+
 POOL_PLAIN = "plain"  # the CPU pool's runs: every task its whole CPU_TASK_S, no deadline
 POOL_SAME_WORK = "same work"  # no deadline; every CPU_FIRE_EVERY-th task stops itself half-way
 POOL_DEADLINES = "deadlines"  # every task under a deadline; every CPU_FIRE_EVERY-th one fires
 
 
-def _cpu_pool_task(mode: str, k: int) -> int:
+def _cpu_pool_task(mode: str, k: int, calls: bool = False) -> int:
     """Task ``k`` of the CPU pool in one of the modes above: its loop turns. POOL_DEADLINES
     puts it under a deadline, and every CPU_FIRE_EVERY-th one's fires half-way (the task
     stops there; the turns it did count); POOL_SAME_WORK stops those same tasks half-way
-    without any deadline, so that it does the same work in the same task lengths."""
+    without any deadline, so that it does the same work in the same task lengths. With
+    ``calls``, the loop calls a Python function every turn (_spin_calling)."""
     cell = [0]
     short = k % CPU_FIRE_EVERY == 0
+    spin = _spin_calling if calls else _spin_counting
     if mode == POOL_PLAIN:
-        _spin_counting(CPU_TASK_S, cell)
+        spin(CPU_TASK_S, cell)
     elif mode == POOL_SAME_WORK:
-        _spin_counting(CPU_TASK_S / 2 if short else CPU_TASK_S, cell)
+        spin(CPU_TASK_S / 2 if short else CPU_TASK_S, cell)
     else:
         try:
             with thread_deadline(CPU_TASK_S / 2 if short else NEVER):
-                _spin_counting(CPU_TASK_S, cell)
+                spin(CPU_TASK_S, cell)
         except DeadlineExceeded:
             pass
     return cell[0]
@@ -958,7 +980,8 @@ def _cpu_pool_task(mode: str, k: int) -> int:
 CPU_POOL_BATCH = 40  # tasks a mode runs in turn with the others (~70 ms)
 
 
-def run_cpu_pool(plan: Plan, progress: Optional[Progress] = None) -> dict[str, Any]:
+def run_cpu_pool(plan: Plan, progress: Optional[Progress] = None,
+                 calls: bool = False) -> dict[str, Any]:
     """The pool-throughput case under frequent deadlines: CPU work per second of 4
     CPU-bound workers without deadlines, with every 4th task's deadline firing, and doing
     that same work without deadlines (those tasks stop themselves half-way). One pool runs
@@ -970,21 +993,22 @@ def run_cpu_pool(plan: Plan, progress: Optional[Progress] = None) -> dict[str, A
     compares with whole tasks; ``x_same_work`` with the same work, which tells the
     deadlines' own cost apart from that of shorter tasks (more task hand-offs a second in a
     pool that shares one GIL); ``x_same_work_q1``/``_q3``: the quartiles of that ratio
-    over the rounds."""
+    over the rounds. ``calls``: the tasks' loop calls a Python function every turn."""
     modes = (POOL_PLAIN, POOL_DEADLINES, POOL_SAME_WORK)
     turns = dict.fromkeys(modes, 0)
     secs = dict.fromkeys(modes, 0.0)
     per_round: dict[str, list[float]] = {m: [] for m in modes}
     rounds = max(1, plan.throughput_reps * CPU_POOL_TASKS // CPU_POOL_BATCH)
     with ThreadPoolExecutor(max_workers=POOL_WORKERS, thread_name_prefix="bench") as pool:
-        for f in [pool.submit(_cpu_pool_task, POOL_PLAIN, 1) for _ in range(POOL_WORKERS)]:
+        for f in [pool.submit(_cpu_pool_task, POOL_PLAIN, 1, calls)
+                  for _ in range(POOL_WORKERS)]:
             f.result()  # warm-up
         for r in range(rounds):
             if progress and r % 10 == 0:
                 progress(f"CPU pool under deadlines: round {r + 1} of {rounds}")
             for m in modes[r % 3:] + modes[:r % 3]:
                 t0 = _perf()
-                n = sum(f.result() for f in [pool.submit(_cpu_pool_task, m, k)
+                n = sum(f.result() for f in [pool.submit(_cpu_pool_task, m, k, calls)
                                              for k in range(CPU_POOL_BATCH)])
                 dt = _perf() - t0
                 turns[m] += n
