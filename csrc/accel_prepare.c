@@ -2,16 +2,19 @@
  * accel_prepare.c -- accelerator prepare: the scope's DeadlineExceeded
  * built ahead of its deadline, by the watchdog while it holds the GIL for
  * the slot anyway (or, with the self-fire, by the thread itself in a
- * pending call), so that the exit that claims the interrupt finds it built
- * and warm (tc_scope.c: raise_exceeded).  Its hooks: tc_accel.h.  Part of
- * the unity build (timeoutcore.c).
+ * pending call; free-threaded, by the thread itself at its first hook
+ * event once pre-armed), so that the exit that claims the interrupt finds
+ * it built and warm (tc_scope.c: raise_exceeded).  Its hooks: tc_accel.h.
+ * Part of the unity build (timeoutcore.c), after accel_prearm.c.
  *
- * State: per scope only (struct prepare_scope, Scope.prepare): the
- * exception, a strong reference -- it holds the scope, so the scope's GC
- * traverse and clear go through prepare_peek and prepare_drop.  Written and
- * read with the GIL (free-threaded: the core lock).  Whoever changes a
- * scope's deadline drops it (prepare_drop): it was built for the old one.
- * Off, nothing is built, and the exit builds the exception as it would.
+ * State: per scope (struct prepare_scope, Scope.prepare): the exception, a
+ * strong reference -- it holds the scope, so the scope's GC traverse and
+ * clear go through prepare_peek and prepare_drop.  Written and read with
+ * the GIL (free-threaded: the core lock).  Whoever changes a scope's
+ * deadline drops it (prepare_drop): it was built for the old one.  Per
+ * slot (struct prepare_slot, tc_slot.prep), free-threaded: the gen the
+ * thread last tried for, its owner's only.  Off, nothing is built, and the
+ * exit builds the exception as it would.
  */
 
 /* Ahead of slot `s`'s `deadline`, if TC_PREPARE_MIN_LEFT_NS is left (GIL
@@ -69,8 +72,33 @@ static void prepare_drop(Scope *sc) { Py_CLEAR(sc->prepare.exc); }
 
 static PyObject *prepare_peek(Scope *sc) { return sc->prepare.exc; }
 
+/* Free-threaded, the watchdog never prepares (tc_wd_fire.c: wd_lead), and
+ * without it the exit found its Python cold: the pre-arm switched the
+ * hook's events on, and the first run of the exception's constructor in
+ * the thread after that ran its code afresh (instrumented again, its
+ * specialisations gone) -- the larger part of a quiet deadline's lateness,
+ * while the same construction run a second time was cheap.  So the thread
+ * builds the exception itself, at its first hook event once pre-armed: well
+ * ahead of the deadline (a pre-arm's lead), off the path from deadline to
+ * caller, in the thread whose code it warms.  Inside a sys.monitoring
+ * callback the constructor's own lines raise no events (CPython does not
+ * call a tool back from its own callback), so nothing recurses into the
+ * hook.  A pre-armed block that ends before its deadline has built one
+ * exception for nothing (the watchdog's prepare costs the same). */
+#if TC_FREE_THREADED
+static void prepare_in_thread(tc_slot *s)
+{
+    uint64_t gen = atomic_load(&s->gen);
+    if (s->prep.tried_gen == gen || !accel_on(ACCEL_PREPARE))
+        return;
+    s->prep.tried_gen = gen; /* once, whatever comes of it */
+    if (atomic_load(&s->shield) == 0)
+        prepare_before_due(s, atomic_load(&s->deadline));
+}
+#endif
+
 /* At import (tc_accel.h). */
 static const char *prepare_unsupported(void)
 {
-    return TC_FREE_THREADED ? "unsupported on this CPython (free-threaded: no GIL)" : NULL;
+    return NULL;
 }

@@ -58,7 +58,8 @@ static int accel_needs(int a)
 {
     if (a == ACCEL_PREARM && !TC_FREE_THREADED)
         return ACCEL_ANTICIPATION;
-    if (a == ACCEL_SLEEPING_TRACER || a == ACCEL_PLACEMENT)
+    if (a == ACCEL_SLEEPING_TRACER || a == ACCEL_PLACEMENT ||
+        (a == ACCEL_PREPARE && TC_FREE_THREADED)) /* free-threaded: prepare_in_thread */
         return ACCEL_PREARM;
     return -1;
 }

@@ -406,12 +406,26 @@ struct prepare_scope {
     PyObject *exc;
 };
 
+/* Per slot, its owner thread only: the gen it last tried to prepare for
+ * itself (free-threaded: prepare_in_thread). */
+struct prepare_slot {
+    uint64_t tried_gen;
+};
+
 /* Ahead of slot `s`'s `deadline`, GIL held (free-threaded: attached),
  * holding no lock of ours: the watchdog holding the GIL for it, or the
  * slot's own thread in the self-fire's pending call.  Runs Python (the
  * exception's constructor); builds nothing with TC_PREPARE_MIN_LEFT_NS or
  * less left. */
 static void prepare_before_due(struct tc_slot *s, int64_t deadline);
+
+#if TC_FREE_THREADED
+/* Slot `s`'s own thread at a hook event while its slot is pre-armed and
+ * not yet due, attached, holding no lock of ours: once per pre-armed
+ * deadline, build the exception here (prepare_before_due).  A load and a
+ * compare when there is nothing to do. */
+static void prepare_in_thread(struct tc_slot *s);
+#endif
 
 /* GIL: the scope's exit, which claims its interrupt -- the exception built
  * for it (a new reference, taken from the scope), or NULL. */

@@ -224,6 +224,23 @@ static inline int hook_core_busy(tc_slot *s)
 #endif
 }
 
+/* Has the slot of this thread something for the hook to do now?  Every
+ * thread calls the hook while any delivery is pending: the test of its own
+ * slot needs no lock.  Free-threaded, a pre-armed slot not yet due has its
+ * exception built here once, ahead of the deadline (prepare_in_thread). */
+static inline int hook_wanted(tc_slot *s)
+{
+    if (s == NULL)
+        return 0;
+    if (atomic_load(&s->pending_any) || prearm_due(s))
+        return 1;
+#if TC_FREE_THREADED
+    if (atomic_load(&s->prearmed))
+        prepare_in_thread(s);
+#endif
+    return 0;
+}
+
 /* LINE callback (code, line); from 3.13 the PY_START callback (code,
  * offset) too: arguments unused. */
 static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
@@ -233,9 +250,7 @@ static PyObject *mon_line(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     (void)m;
     (void)args;
     (void)nargs;
-    /* Every thread calls this while any delivery is pending: the test of
-     * its own slot needs no lock. */
-    if (s == NULL || (!atomic_load(&s->pending_any) && !prearm_due(s)) || hook_core_busy(s))
+    if (!hook_wanted(s) || hook_core_busy(s))
         Py_RETURN_NONE;
     TC_CORE_BEGIN();
     prearm_fire(s);
@@ -254,7 +269,7 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
     tc_slot *s = t_slot;
     int r = 0;
     (void)m;
-    if (s == NULL || (!atomic_load(&s->pending_any) && !prearm_due(s)) || nargs < 3)
+    if (nargs < 3 || !hook_wanted(s))
         Py_RETURN_NONE;
     long from = PyLong_AsLong(args[1]), to = PyLong_AsLong(args[2]);
     if (PyErr_Occurred()) {

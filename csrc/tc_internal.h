@@ -148,6 +148,9 @@ typedef struct tc_slot {
                                       with the GIL's holder (slot_get)     */
     struct self_fire_slot self_fire; /* accelerator self_fire's        */
     struct remote_relay_slot relay; /* accelerator remote_relay's      */
+#if TC_FREE_THREADED
+    struct prepare_slot prep;      /* accelerator prepare's (owner thread) */
+#endif
     int hook_skips;                /* owner thread: hook_core_busy's count */
     int64_t deferred_since;        /* first time the hook found protected
                                       code on the stack, 0 if not yet      */

@@ -187,8 +187,9 @@
  * when due.
  * Bench: bench_contention.py test_contention_overshoot (3.12+). */
 #define TC_WATCH_PREPARE_NS 450000LL        /* 450 us                        */
-/* The watchdog prepares the exception only if at least this long is left:
- * building it takes up to about this when its code has gone cold.  Bench:
+/* The exception is prepared (by the watchdog, or free-threaded by the
+ * thread itself) only if at least this long is left: building it takes up
+ * to about this when its code has gone cold.  Bench:
  * bench_overshoot.py test_overshoot. */
 #define TC_PREPARE_MIN_LEFT_NS 300000LL     /* 300 us                        */
 

@@ -76,8 +76,9 @@ static int wd_lead(const wd_event *ev, int busy, int64_t t0, PyThreadState **ts)
      * it never prepares: next to spinning threads, preparing made some
      * deliveries wait far longer than their deadline (cause not
      * isolated; the watchdog's Python work in a process where every stop
-     * of the world waits for each busy thread to be scheduled), while
-     * the exit it speeds up is short already. */
+     * of the world waits for each busy thread to be scheduled); the
+     * thread prepares for itself there (accel_prepare.c:
+     * prepare_in_thread). */
     int quiet = !TC_FREE_THREADED && !busy && t1 - t0 < TC_PREARM_QUIET_NS;
     if (ev->deadline != TC_NEVER)
         anticipation_learn(t1 - t0);

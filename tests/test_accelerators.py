@@ -154,9 +154,9 @@ def test_none_switches_every_one_off_and_deadlines_still_land(tmp_path: Path) ->
 
 @native_only
 def test_a_named_subset_is_what_is_on(tmp_path: Path) -> None:
-    out = child(tmp_path, deliver=False, TIMEOUTCORE_ACCEL=" Rescue , prepare,")
+    out = child(tmp_path, deliver=False, TIMEOUTCORE_ACCEL=" Rescue , remote_relay,")
     on = {n for n, active in out["active"].items() if active}
-    assert on == {"rescue", "prepare"} & supported()
+    assert on == {"rescue", "remote_relay"} & supported()
     for name in NAMES - on:
         expected = "switched off by TIMEOUTCORE_ACCEL" if name in supported() else "unsupported"
         assert out["why"][name].startswith(expected), (name, out["why"][name])
