@@ -225,9 +225,12 @@ static inline int tc_optional_attr(PyObject *o, PyObject *name, PyObject **resul
  * LINE event there.  So from 3.13 the hook also takes PY_START, with the
  * LINE callback: the same point 3.12's first LINE event is, and the same
  * checks (the callee's frame is on the stack it walks: an __exit__, a
- * finalizer or protected code started there defers).  Not PY_RESUME: a
- * generator resumed mid-line is in the middle of its caller's statement, and
- * one resumed from C over and over has its own loop (a JUMP) or returns. */
+ * finalizer or protected code started there defers).  Not PY_RESUME:
+ * CPython itself checks no eval breaker where a generator resumes after
+ * `yield from` or `await` (inside the delegation's own handler), so a
+ * generator that only delegates to a C iterator, drained by a loop in C,
+ * stays beyond the hook as it is beyond Ctrl-C (docs: what stops); a
+ * generator that yields itself has a loop (a JUMP) or soon returns. */
 #if PY_VERSION_HEX >= 0x030D0000
 #define TC_HOOK_PY_START 1
 #else

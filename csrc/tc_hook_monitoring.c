@@ -333,7 +333,7 @@ static void hook_drain(void) {}
 /* Backstop: LINE and backward JUMP events cover every loop of bytecode, and
  * PY_START (3.13+) every call of Python code from a loop in C, so there is
  * nothing to add.  A loop in C that calls no Python code at all is beyond
- * any hook (docs: limits). */
+ * any hook (docs: what stops). */
 static void hook_nudge(tc_slot *s, PyThreadState *t)
 {
     (void)s;
