@@ -197,6 +197,22 @@ static inline int tc_optional_attr(PyObject *o, PyObject *name, PyObject **resul
 #endif
 }
 
+/* Is the object behind the weak reference `ref` still alive?  GIL held
+ * (free-threaded: in the object's own thread, in a region where a
+ * finalizer may run: the reference taken here may turn out the last).
+ * PyWeakref_GetObject, deprecated in 3.13, is the same test before. */
+static inline int tc_weakref_alive(PyObject *ref)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *o = NULL;
+    int r = PyWeakref_GetRef(ref, &o);
+    Py_XDECREF(o);
+    return r > 0;
+#else
+    return PyWeakref_GetObject(ref) != Py_None;
+#endif
+}
+
 /* -- The delivery hook: how a fired interrupt reaches a line boundary -------
  * The interrupt is raised by a hook that runs in the guarded thread at its
  * next line boundary (tc_deliver.c), armed only while a delivery is pending.

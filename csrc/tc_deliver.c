@@ -239,6 +239,7 @@ static int deliver_here(tc_slot *s, int vetted, int mode);
 static void deliver_pending(tc_slot *s, int async_self);
 static void deliver_pending_here(tc_slot *s);
 static int slot_fire(tc_slot *s, int64_t now, int local); /* tc_slot.c */
+static int interrupt_held(tc_slot *s, int64_t now);       /* tc_slot.c */
 
 /* -- What the hook measures, and the thread's CPU ----------------------------- */
 

@@ -120,6 +120,12 @@ typedef struct tc_slot {
     PyObject *top;                 /* innermost active scope (strong ref)  */
     PyObject *fired;               /* scope whose deadline fired (borrowed:
                                       it is on the stack while set)        */
+    PyObject *sent_ref;            /* a weak reference to the interrupt's
+                                      instance last made for `fired`
+                                      (interrupt_new), or NULL; dropped
+                                      with `fired` (slot_unfire)           */
+    int64_t held_since;            /* when a re-injection first found that
+                                      instance still held (0: not yet)     */
 
     /* Delivery (tc_deliver.c), GIL only: written by whoever delivers (the
      * watchdog, _raise_in_scope's caller) and by the owner at the safe

@@ -347,7 +347,7 @@ static PyObject *mod_setup_locked(PyObject *m, PyObject *args)
         return NULL;
     if (g_name_key == NULL && (g_name_key = PyUnicode_InternFromString("__name__")) == NULL)
         return NULL;
-    if (guarded_setup() < 0) /* tc_guarded.c */
+    if (guarded_setup() < 0 || interrupt_setup(interrupt) < 0) /* tc_guarded.c, tc_slot.c */
         return NULL;
     Py_INCREF(interrupt);
     Py_XSETREF(g_interrupt, interrupt);

@@ -59,7 +59,9 @@
  *                    deliverer holds the GIL, so the thread meets the pending
  *                    interrupt as soon as it runs);
  *   slot_reinject    the body swallowed it: send it again, unless it is
- *                    still pending, or being raised or handled right now;
+ *                    still pending, being raised or handled right now, or
+ *                    held (interrupt_held: caught and kept, to be raised
+ *                    again later);
  *   slot_take_back   withdraw a sent interrupt that has not surfaced (the
  *                    block is ending, or a shield starts);
  *   slot_raise_here  raise synchronously in the owner thread, taking back a
@@ -162,6 +164,8 @@ static void slot_publish(tc_slot *s) { slot_deadline_set(s, stack_min(s->top), 0
 static void slot_unfire(tc_slot *s)
 {
     s->fired = NULL;
+    Py_CLEAR(s->sent_ref); /* a weak reference without a callback: no code runs */
+    s->held_since = 0;
     if (atomic_load(&s->state) == SLOT_INJECTED)
         slot_to(s, SLOT_IDLE);
 }
@@ -328,6 +332,99 @@ static int slot_fire(tc_slot *s, int64_t now, int local)
     return 1;
 }
 
+/* -- The interrupt the body holds --------------------------------------------- */
+
+/* A re-injection is for a body that swallowed the interrupt.  One that caught
+ * it and keeps it, to raise it again later, has not: a hook caller's loop
+ * (pluggy's) keeps it in a local while it ends its other wrappers, then
+ * throws it into the wrapper that entered the scope.  A second interrupt in
+ * between ended that loop early and left the wrapper suspended, its scope
+ * entered for good (every later line of the thread then got an interrupt).
+ * So the thread's slot keeps a weak reference to the instance sent up the
+ * body (interrupt_new); while that instance lives, it is held -- as one
+ * being handled is (interrupt_in_flight) -- for up to TC_REINJECT_HELD_MAX_NS.
+ * Rejected: no bound -- a body that keeps every interrupt and goes on (a log
+ * handler that holds the record) would run for ever; and a strong reference
+ * -- the instance's traceback holds the frames it left, whose locals'
+ * finalizers would wait for the scope's exit and run inside the core. */
+static int interrupt_held(tc_slot *s, int64_t now)
+{
+    if (s->sent_ref == NULL)
+        return 0;
+    if (!tc_weakref_alive(s->sent_ref)) { /* dropped: swallowed */
+        Py_CLEAR(s->sent_ref);
+        s->held_since = 0;
+        return 0;
+    }
+    if (s->held_since == 0)
+        s->held_since = now;
+    return now - s->held_since < TC_REINJECT_HELD_MAX_NS;
+}
+
+/* The owner thread has made an interrupt instance: in a thread whose scope
+ * fired, it is the one that travels up the body now. */
+static void interrupt_note(PyObject *inst)
+{
+    tc_slot *s = t_slot;
+    PyObject *ref;
+    if (s == NULL)
+        return;
+    TC_CORE_BEGIN();
+    if (s->fired != NULL) {
+        if ((ref = PyWeakref_NewRef(inst, NULL)) != NULL) {
+            Py_XSETREF(s->sent_ref, ref);
+            s->held_since = 0;
+        }
+        else
+            PyErr_Clear(); /* not noted: re-sent as if dropped */
+    }
+    TC_CORE_END();
+}
+
+/* _DeadlineInterrupt.__new__(cls, *args), installed by _setup: BaseException's,
+ * then noted.  CPython makes the instance in the thread that raises it,
+ * however it was sent (PyErr_SetNone, an asynchronous exception, 3.11's lazy
+ * normalisation at the handler), so every delivery path is covered. */
+static PyObject *interrupt_new(PyObject *unused, PyObject *args, PyObject *kw)
+{
+    (void)unused;
+    Py_ssize_t n = PyTuple_GET_SIZE(args);
+    PyObject *cls = n > 0 ? PyTuple_GET_ITEM(args, 0) : NULL, *rest, *inst;
+    if (cls == NULL || !PyType_Check(cls) ||
+        !PyType_IsSubtype((PyTypeObject *)cls, (PyTypeObject *)PyExc_BaseException)) {
+        PyErr_SetString(PyExc_TypeError, "_DeadlineInterrupt.__new__() needs an exception class");
+        return NULL;
+    }
+    if ((rest = PyTuple_GetSlice(args, 1, n)) == NULL)
+        return NULL;
+    inst = ((PyTypeObject *)PyExc_BaseException)->tp_new((PyTypeObject *)cls, rest, kw);
+    Py_DECREF(rest);
+    if (inst != NULL)
+        interrupt_note(inst);
+    return inst;
+}
+
+static PyMethodDef g_interrupt_new_def = {"__new__", (PyCFunction)(void (*)(void))interrupt_new,
+                                          METH_VARARGS | METH_KEYWORDS,
+                                          "Make the interrupt; timeoutcore notes it."};
+
+/* Install interrupt_new on the interrupt class (GIL, _setup).  -1 with the
+ * error set. */
+static int interrupt_setup(PyObject *cls)
+{
+    PyObject *fn = PyCFunction_New(&g_interrupt_new_def, NULL), *sm;
+    int r;
+    if (fn == NULL)
+        return -1;
+    sm = PyStaticMethod_New(fn);
+    Py_DECREF(fn);
+    if (sm == NULL)
+        return -1;
+    r = PyObject_SetAttrString(cls, "__new__", sm);
+    Py_DECREF(sm);
+    return r;
+}
+
 /* The body may have swallowed the interrupt: raise it again (watchdog). */
 static void slot_reinject(tc_slot *s, int64_t now)
 {
@@ -342,14 +439,15 @@ static void slot_reinject(tc_slot *s, int64_t now)
         return;
     }
 #if TC_FREE_THREADED
-    /* Another thread's exception state cannot be read here (tc_lock.h): send
-     * it; the hook, in the thread, waits while the interrupt is being raised
-     * or handled (deliver_here), and the scope's exit takes it back. */
+    /* Another thread's exception state cannot be read here (tc_lock.h), nor
+     * its interrupt (it may be freed meanwhile): send it; the hook, in the
+     * thread, waits while the interrupt is being raised, handled or held
+     * (deliver_here), and the scope's exit takes it back. */
     if (!atomic_load(&s->alive))
         return;
 #else
     PyThreadState *t = slot_find_tstate(s);
-    if (t == NULL || interrupt_in_flight(t))
+    if (t == NULL || interrupt_in_flight(t) || interrupt_held(s, now))
         return;
 #endif
     STAT_INC(reinjections);

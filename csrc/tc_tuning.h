@@ -26,6 +26,14 @@
  * Bench: none (a body that swallows is a correctness case: tests/test_scope.py). */
 #define TC_REINJECT_FIRST_NS 2000000LL      /* 2 ms                          */
 #define TC_REINJECT_MAX_NS 100000000LL      /* 100 ms                        */
+/* How long an interrupt the body still holds -- caught and kept to be
+ * raised again later -- holds its re-injection back (tc_slot.c:
+ * interrupt_held): one that is handed on (a hook caller's loop) goes within
+ * microseconds, a stall of a loaded machine included; one that is kept for
+ * good (a log handler holding the record) must not make the block run on
+ * for ever.  Bench: none (a bound on a correctness case:
+ * tests/test_scope.py). */
+#define TC_REINJECT_HELD_MAX_NS 1000000000LL /* 1 s                          */
 /* The switch interval assumed until sys.getswitchinterval() is first read:
  * CPython's own default.  Bench: none (CPython's value). */
 #define TC_SWITCH_DEFAULT_NS 5000000LL      /* 5 ms                          */

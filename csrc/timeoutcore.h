@@ -18,8 +18,10 @@
  *   PyThreadState_SetAsyncExc while the hook works), and only then fires that
  *   thread's timer so the signal knocks a blocking system call loose
  *   ("inject first, then kick").  It sends again while the body swallows the
- *   interrupt.  The scope that fired claims the interrupt at its exit and
- *   raises DeadlineExceeded.  Where: tc_watchdog.c decides when (and
+ *   interrupt (not while the body holds it to raise it later: _setup gives
+ *   the interrupt class a __new__ that notes each instance for its thread).
+ *   The scope that fired claims the interrupt at its exit and raises
+ *   DeadlineExceeded.  Where: tc_watchdog.c decides when (and
  *   tc_wd_fire.c, tc_wd_main.c act on it), tc_slot.c runs the delivery
  *   steps (its header lists them), tc_deliver.c and the hook
  *   (tc_hook_trace.c / tc_hook_monitoring.c, tc_deliver_steps.c) decide

@@ -133,6 +133,96 @@ def test_swallowed_interrupt_is_raised_again(api: Any, where: Any) -> None:
     assert where(body) == 3
 
 
+def _spin(seconds: float) -> int:
+    """Spin in Python for `seconds`; the number of interrupts that landed meanwhile
+    (each swallowed, so that a test can count them)."""
+    end = time.monotonic() + seconds
+    landed = 0
+    while time.monotonic() < end:
+        try:
+            burn(end - time.monotonic())
+        except _DeadlineInterrupt:
+            landed += 1
+    return landed
+
+
+def test_an_interrupt_kept_to_raise_later_is_not_sent_again_meanwhile(
+        api: Any, where: Any) -> None:
+    """A body that catches the interrupt, keeps it, works on and then raises it -- as a
+    hook caller hands it on (pluggy's loop keeps it in a local while it ends its other
+    wrappers) -- gets no second interrupt while it keeps it: it is held, as one being
+    handled is, and the block ends with the one interrupt."""
+
+    def body() -> tuple[int, bool]:
+        with pytest.raises(DeadlineExceeded) as info:
+            with api.thread_deadline(0.02):
+                kept: BaseException | None = None
+                try:
+                    spin_forever()
+                except BaseException as exc:  # noqa: BLE001 - kept, raised below
+                    kept = exc
+                landed = _spin(0.3)  # the re-send used to come 2 ms after the fire
+                assert kept is not None
+                raise kept
+        return landed, info.value.__context__ is kept
+
+    assert where(body) == (0, True)
+
+
+def test_a_scope_in_a_hook_wrapper_is_left_when_its_caller_hands_the_interrupt_on(
+        api: Any) -> None:
+    """The pytest plugin's shape: a scope entered in a generator (a pluggy wrapper),
+    suspended at its yield while the caller runs the body; the caller catches the
+    interrupt, does work of its own (the rest of its loop, slowed by a loaded machine),
+    then throws it into the generator. The scope is left with DeadlineExceeded, and no
+    interrupt ever surfaces in the caller, before or after."""
+
+    def wrapper() -> Any:
+        with api.thread_deadline(0.02):
+            yield
+
+    def caller() -> tuple[int, type[BaseException] | None, int]:
+        gen = wrapper()
+        next(gen)
+        kept: BaseException | None = None
+        try:
+            spin_forever()
+        except BaseException as exc:  # noqa: BLE001 - handed on below, as pluggy does
+            kept = exc
+        before = _spin(0.3)
+        outcome: type[BaseException] | None = None
+        try:
+            assert kept is not None
+            gen.throw(kept)
+        except BaseException as exc:  # noqa: BLE001 - what the wrapper raised, compared
+            outcome = type(exc)
+        return before, outcome, _spin(0.3)
+
+    before, outcome, after = in_thread(caller)
+    assert (before, outcome, after) == (0, DeadlineExceeded, 0)
+    assert api.current_scope() is None
+
+
+def test_an_interrupt_kept_for_good_is_still_sent_again(api: Any, where: Any) -> None:
+    """A body that keeps every interrupt and goes on (a log handler that holds its
+    records) does not run for ever: the interrupt is sent again once it has been held
+    for a while (a bound of about a second), and the block ends."""
+
+    def body() -> int:
+        kept: list[BaseException] = []
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.02):
+                while len(kept) < 2:
+                    try:
+                        burn(30.0)
+                    except BaseException as exc:  # noqa: BLE001 - kept for good
+                        kept.append(exc)
+                spin_forever()
+        return len(kept)
+
+    assert where(body) == 2
+
+
 def test_raise_on_timeout_false_abandons_silently(api: Any, where: Any) -> None:
     def body() -> Any:
         reached_after = False

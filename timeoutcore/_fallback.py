@@ -47,7 +47,7 @@ from typing import Any, Literal, Optional, overload
 
 from . import _deferral, _fork, _validate
 from . import _fallback_deliver as _dl
-from ._fallback_watchdog import ThreadState, Watchdog, take_back, tstate_get
+from ._fallback_watchdog import ThreadState, Watchdog, interrupt, take_back, tstate_get
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
 NAME = "fallback"
@@ -103,6 +103,12 @@ class _Link(_dl.Engine):
             scope._deferred += deferred
             if where is not None and scope._deferred_where is None:
                 scope._deferred_where = where
+
+    def instance(self, ident: int, exc: type[BaseException]) -> BaseException:
+        st = _wd.states.get(ident)
+        if exc is _DeadlineInterrupt and st is not None:
+            return interrupt(st)
+        return exc()
 
 
 _dl.engine = _Link()
@@ -331,7 +337,9 @@ class Scope:
             claimed = st.fired is self
             self._frame = None
             if claimed or self._soft_pending:
-                st.fired = None if claimed else st.fired
+                if claimed:
+                    st.fired = None
+                    st.sent = None
                 self._soft_pending = False
                 take_back(st)
             self._exit_exc = exc
@@ -492,7 +500,7 @@ class Shield:
                 now = time.monotonic()
                 if st.fired is not None:
                     st.reinject_at = now + st.step
-                    raise _DeadlineInterrupt
+                    raise interrupt(st)
                 if st.due(now) is not None:
                     _wd.fire(st, now, True)
         _wd.poke(st.deadline())  # the watchdog skipped this thread while it was shielded
@@ -541,7 +549,7 @@ def _raise_sent(st: ThreadState) -> None:
     was sent to it (a soft limit's exception), taken back from its hook first."""
     if st.fired is not None:
         take_back(st)
-        raise _DeadlineInterrupt
+        raise interrupt(st)
     if st.ident in _dl.pending:
         got = _dl.take_back(st.ident)
         if got is not None:

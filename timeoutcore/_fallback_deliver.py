@@ -99,6 +99,10 @@ class Engine:
     def on_deliver(self, scope: Any, deferred: float, where: Optional[str]) -> None:
         """``scope``'s interrupt was raised, after waiting ``deferred`` seconds."""
 
+    def instance(self, ident: int, exc: type[BaseException]) -> BaseException:
+        """What to raise for the pending class ``exc`` in thread ``ident``: a new one."""
+        return exc()
+
 
 engine = Engine()
 
@@ -336,7 +340,7 @@ def decide(frame: types.FrameType, vetted: bool, mode: int) -> bool:
         own = sys.gettrace()
         if own is not None and own is not _tracer:
             _restore[me] = own
-    raise exc
+    raise engine.instance(me, exc)
 
 
 # -- The hook ----------------------------------------------------------------------------------

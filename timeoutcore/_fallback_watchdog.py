@@ -67,7 +67,7 @@ def clear(ident: int) -> None:
 
 class ThreadState:
     __slots__ = ("ident", "stack", "fired", "shield", "reinject_at", "step", "cond",
-                 "tstate", "thread", "injected", "__weakref__")
+                 "tstate", "thread", "injected", "sent", "held_since", "__weakref__")
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -80,6 +80,10 @@ class ThreadState:
         self.tstate: int = tstate_get() or 0  # the thread's own PyThreadState (3.11 hook)
         self.thread = threading.current_thread()
         self.injected = False  # an asynchronous exception was sent (hookless path)
+        # The interrupt last raised in the thread for ``fired`` (:func:`interrupt`), weakly,
+        # and when a re-send first found it still held (:func:`held`).
+        self.sent: Optional[weakref.ref[BaseException]] = None
+        self.held_since = 0.0
 
     def deadline(self) -> float:
         return min((s._deadline for s in self.stack), default=_NEVER)
@@ -89,6 +93,34 @@ class ThreadState:
             if s._deadline <= now:
                 return s
         return None
+
+
+#: How long an interrupt the body still holds holds its re-send back, in seconds (the
+#: native core's TC_REINJECT_HELD_MAX_NS: csrc/tc_tuning.h says why).
+HELD_MAX = 1.0
+
+
+def interrupt(st: ThreadState) -> _DeadlineInterrupt:
+    """The thread itself: a new interrupt to raise, noted as the one sent up its body."""
+    exc = _DeadlineInterrupt()
+    st.sent = weakref.ref(exc)
+    st.held_since = 0.0
+    return exc
+
+
+def held(st: ThreadState, now: float) -> bool:
+    """Does ``st``'s body still hold the interrupt last raised in it -- caught and kept, to
+    be raised again later, as pluggy's hook loop hands it on to the wrapper that entered
+    the scope? Then it is not sent again (a second one would end that loop early and
+    leave the wrapper's scope entered), for up to :data:`HELD_MAX` seconds: a body that
+    keeps every interrupt and goes on still ends. (csrc/tc_slot.c: interrupt_held.)"""
+    sent = st.sent
+    if sent is None or sent() is None:
+        st.sent = None
+        return False
+    if not st.held_since:
+        st.held_since = now
+    return now - st.held_since < HELD_MAX
 
 
 def take_back(st: ThreadState) -> None:
@@ -181,7 +213,7 @@ class Watchdog:
             if not self.mark_fired(st, now):
                 return False
             _dl.take_back(st.ident)
-            raise _DeadlineInterrupt
+            raise interrupt(st)
         self.firing = st  # before the look at _exiting: Scope.__exit__'s fast path
         try:
             due = st.due(now)
@@ -194,7 +226,7 @@ class Watchdog:
 
     def backstop(self, st: ThreadState, now: float) -> None:
         """Lock held: ``st`` fired and its block still runs: nudge a pending delivery, or
-        send it again (the block swallowed it)."""
+        send it again (the block swallowed it; not while it holds it, :func:`held`)."""
         assert st.fired is not None
         if st.ident in _dl.pending:
             if not _dl.nudge(st.ident, st.tstate) and _dl.precheck(st.ident, st.fired):
@@ -202,7 +234,7 @@ class Watchdog:
                 st.injected = True
                 _dl.stats["hookless"] += 1
                 _set_async_exc(st.ident, _DeadlineInterrupt)
-        else:
+        elif not held(st, now):
             self.send(st, _DeadlineInterrupt, st.fired)
         st.step = min(st.step * 2, 0.1)
         st.reinject_at = now + st.step

@@ -15,7 +15,9 @@ class _DeadlineInterrupt(BaseException):
     """Internal: raised inside a block whose deadline fired.
 
     Never catch it; it becomes :class:`DeadlineExceeded` at the scope boundary. If a body
-    swallows it anyway, it is raised again until the block exits.
+    swallows it anyway, it is raised again until the block exits. One the body catches and
+    keeps, to raise it later (a hook caller handing it on), is not raised again while it is
+    kept, for up to about a second.
     """
 
 
