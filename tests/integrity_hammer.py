@@ -328,6 +328,7 @@ def main() -> None:
                    help="dump every thread's stack and exit (status 1) after this many "
                    "seconds")
     a = p.parse_args()
+    faulthandler.enable()  # a crash prints every thread's stack: the test shows stderr
     faulthandler.dump_traceback_later(a.hang_after, exit=True)
     result = run(a.tasks, a.workers, a.switch, a.seed)
     faulthandler.cancel_dump_traceback_later()
