@@ -399,13 +399,42 @@ def take_back(ident: int) -> Optional[tuple[type[BaseException], Any]]:
     return got
 
 
+def _look_begin() -> bool:
+    """Before a look at another thread's frames (``sys._current_frames()``, ``f_back``):
+    the collector off; returns whether it was on, for :func:`_look_end`.
+
+    Such a look makes frame objects for frames that thread is running, and CPython reads
+    and writes the frame right after allocating its object. The allocation may start a
+    collection, whose finalizers may let the GIL go; the thread may then leave that very
+    frame, and the new object points at freed memory: the watchdog crashed in ``arm``'s
+    walk (SIGSEGV, one hammer run in a few hundred on 3.11). With the collector off the
+    making of each frame object is atomic, as in the native core (csrc/tc_internal.h:
+    frames_look_begin). Between two steps of the walk the GIL may still go, which is
+    safe: a frame object held here takes its frame's data when the thread leaves it.
+    Rejected: ``gc.freeze()`` or a lock -- neither stops a collection that an allocation
+    starts. The collector's state is put back, so one the program switched off stays
+    off."""
+    was = gc.isenabled()
+    gc.disable()
+    return was
+
+
+def _look_end(was: bool) -> None:
+    if was:
+        gc.enable()
+
+
 def precheck(ident: int, scope: Any) -> bool:
     """Without a hook: may an asynchronous exception be sent to thread ``ident`` now, judged
     by its stack seen from here? (Less than the hook's check: from 3.13 the exception
     surfaces at the next breaker check, not where the thread is seen now.)"""
     _load_opcodes() if not _op else None
-    frame = sys._current_frames().get(ident)
-    return frame is not None and stack_protected(frame, engine.frame_of(scope)) is None
+    gc_was = _look_begin()
+    try:
+        frame = sys._current_frames().get(ident)
+        return frame is not None and stack_protected(frame, engine.frame_of(scope)) is None
+    finally:
+        _look_end(gc_was)
 
 
 class _Trace311:
@@ -451,6 +480,13 @@ class _Trace311:
         return 0 if not fn else 1 if fn == self.trampoline else 2
 
     def arm(self, ident: int, ts: int) -> bool:
+        gc_was = _look_begin()
+        try:
+            return self._arm(ident, ts)
+        finally:
+            _look_end(gc_was)
+
+    def _arm(self, ident: int, ts: int) -> bool:
         frame = sys._current_frames().get(ident)
         mode = self._mode(ts) if ts else 2
         if frame is None or mode == 2:
@@ -472,12 +508,18 @@ class _Trace311:
         return True
 
     def nudge(self, ident: int, ts: int) -> bool:
-        if not self.arm(ident, ts):
-            return False
-        frame = sys._current_frames().get(ident)
-        if frame is not None and (frame.f_trace is _local or isinstance(frame.f_trace, _Chain)):
-            frame.f_trace_opcodes = True
-        return True
+        gc_was = _look_begin()
+        try:
+            if not self._arm(ident, ts):
+                return False
+            frame = sys._current_frames().get(ident)
+            if frame is not None and (
+                frame.f_trace is _local or isinstance(frame.f_trace, _Chain)
+            ):
+                frame.f_trace_opcodes = True
+            return True
+        finally:
+            _look_end(gc_was)
 
     def disarm(self, ident: int) -> None:
         if ident in self.armed:
