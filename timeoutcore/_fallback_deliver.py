@@ -406,10 +406,9 @@ def _look_begin() -> bool:
     Such a look makes frame objects for frames that thread is running, and CPython reads
     and writes the frame right after allocating its object. The allocation may start a
     collection, whose finalizers may let the GIL go; the thread may then leave that very
-    frame, and the new object points at freed memory: the watchdog crashed in ``arm``'s
-    walk (SIGSEGV, one hammer run in a few hundred on 3.11). With the collector off the
-    making of each frame object is atomic, as in the native core (csrc/tc_internal.h:
-    frames_look_begin). Between two steps of the walk the GIL may still go, which is
+    frame, and the new object points at freed memory (the native core's watchdog crashed
+    so: csrc/tc_internal.h, frames_look_begin). With the collector off the making of each
+    frame object is atomic. Between two steps of the walk the GIL may still go, which is
     safe: a frame object held here takes its frame's data when the thread leaves it.
     Rejected: ``gc.freeze()`` or a lock -- neither stops a collection that an allocation
     starts. The collector's state is put back, so one the program switched off stays
