@@ -72,9 +72,12 @@ static int deliver_here(tc_slot *s, int vetted, int mode)
     if (interrupt_in_flight(me))
         return 0; /* already on its way out; if swallowed, this one follows */
     now = now_ns();
+#if TC_FREE_THREADED
+    /* With a GIL the watchdog asked this before it sent (slot_reinject);
+     * free-threaded it cannot, and sends: the hook asks here. */
     if (s->pending == g_interrupt && interrupt_held(s, now))
-        return 0; /* kept by the body, to be raised again (free-threaded: the
-                     watchdog cannot tell, slot_reinject; with a GIL it did) */
+        return 0; /* kept by the body, to be raised again */
+#endif
     Py_INCREF(cur);
     if (stack_defers(s, cur, scope, now)) {
         STAT_INC(hook_defers);
