@@ -40,12 +40,21 @@
  * The exit that claims the interrupt (slot_claim) takes an unconsumed one
  * back, as for the fallback without a hook (async_pending).  GIL held, any
  * thread but the slot's own; returns 1 if sent. */
+/* Is our interrupt being raised or handled in thread `t` (GIL held, `t`
+ * paused)?  This accelerator judges another thread from here, so it reads
+ * that thread's exception state (tc_compat.h: tc_raising, tc_handling;
+ * checked at import, tc_gil_check.c), which the core never does. */
+static int interrupt_in_flight_in(PyThreadState *t)
+{
+    return tc_raising(t, g_interrupt) || tc_handling(t, g_interrupt);
+}
+
 static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
 {
     PyFrameObject *f;
     int ok, gc;
     if (s == t_slot || t == NULL || s->pending != NULL || s->async_pending ||
-        s->ident == tc_main_thread() || tc_gc_collecting() || interrupt_in_flight(t))
+        s->ident == tc_main_thread() || tc_gc_collecting() || interrupt_in_flight_in(t))
         return 0;
     gc = frames_look_begin(); /* the judgement holds only if the GIL stays */
     if ((f = PyThreadState_GetFrame(t)) == NULL) {

@@ -129,7 +129,7 @@ static int pc_fire_here(tc_slot *s, int *again)
             STAT_INC(pending_handovers);
             return pc_to_hook(s, now);
         }
-        else if (back > 0 && !interrupt_in_flight(PyThreadState_Get())) {
+        else if (back > 0 && !interrupt_in_flight_here()) {
             usable = 1;
             Py_INCREF(cur); /* consumed */
             if (stack_defers(s, cur, due, now)) {

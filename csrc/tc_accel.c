@@ -68,6 +68,8 @@ static const char *g_accel_why[ACCEL_N]; /* NULL while on */
 static char g_accel_failed[TC_ACCEL_WHY_MAX];  /* "failed its import check: ..." */
 static char g_tstate_failed[TC_ACCEL_WHY_MAX]; /* the same, of the thread-state check:
                                                   the core itself then does not run */
+static char g_exc_state_failed[TC_ACCEL_WHY_MAX]; /* the same, of the exception-state
+                                                  check: direct_delivery is off */
 static char g_accel_needs_why[ACCEL_N][64];    /* "needs X, which is off" */
 static char g_self_fire_failed[TC_ACCEL_WHY_MAX]; /* self_fire's own check (self_fire_check) */
 static char g_accel_unknown[256];              /* names none of ours, comma-separated */
@@ -135,6 +137,12 @@ static int accel_setup(void)
     if (!tstate_check(why, sizeof(why)))
         (void)snprintf(g_tstate_failed, sizeof(g_tstate_failed), "failed its import check: %s",
                        why);
+    /* Another thread's exception state: read by direct_delivery alone. */
+    why[0] = '\0';
+    if (asked[ACCEL_DIRECT_DELIVERY] && direct_delivery_unsupported() == NULL &&
+        !tstate_exceptions_check(why, sizeof(why)))
+        (void)snprintf(g_exc_state_failed, sizeof(g_exc_state_failed),
+                       "failed its import check: %s", why);
     for (int a = 0; a < ACCEL_N; a++)
         if (asked[a] && accel_uses_internals(a)) /* even unsupported: the hook's gc test */
             internals = 1;
@@ -155,6 +163,8 @@ static int accel_setup(void)
             off = "free-threaded: on only when TIMEOUTCORE_ACCEL names it";
         if (off == NULL && accel_uses_internals(a) && !internals_ok)
             off = g_accel_failed;
+        if (off == NULL && a == ACCEL_DIRECT_DELIVERY && g_exc_state_failed[0] != '\0')
+            off = g_exc_state_failed;
         g_accel_why[a] = off;
         g_accel_on[a] = off == NULL;
     }

@@ -7,14 +7,17 @@
  * free-threaded 3.14t (TC_FREE_THREADED below; the core lock, tc_lock.h).
  *
  * Private CPython fields read here, and by whom:
- *   - PyThreadState.thread_id (all versions): the watchdog, with the GIL,
- *     to find the thread state of a slot's thread (tc_find_tstate; never
- *     on a free-threaded build, where another thread's state may be freed
- *     while it is read);
- *   - PyThreadState.curexc_type (3.11) / .current_exception (3.12+) and
- *     PyThreadState.exc_info->exc_value chain (3.11+): the watchdog, with the
- *     GIL, to see whether an interrupt is being raised or handled in a thread
- *     before it re-injects (tc_interrupt_in_flight).
+ *   - PyThreadState.curexc_type (3.11) / .current_exception (3.12) and
+ *     PyThreadState.exc_info->exc_value chain: only the accelerator
+ *     direct_delivery (3.11, 3.12), with the GIL, to see whether an
+ *     interrupt is being raised or handled in the paused thread it judges
+ *     (tc_raising, tc_handling; the core asks only its own thread, through
+ *     public calls: tc_deliver.c, interrupt_in_flight_here).
+ *   - PyThreadState.async_exc: whether an asynchronous exception sent to a
+ *     thread is still waiting, before it is taken back (tc_deliver_steps.c:
+ *     deliver_cancel; with the GIL; free-threaded only in the thread's own
+ *     state): taking back one that is not there leaves the eval breaker
+ *     tripped on 3.11 and 3.12.
  *   - PyThreadState.c_tracefunc / c_traceobj (3.11): the delivery hook, with
  *     the GIL, to chain to and restore the thread's own tracer.
  *   - PyThreadState.cframe->current_frame (3.11, 3.12) / .current_frame
@@ -155,34 +158,27 @@ static inline int tc_handling(PyThreadState *t, PyObject *cls)
     return 0;
 }
 
-/* The thread state of thread `ident` in the current thread's interpreter,
- * or NULL: the one at address `known` (the state the slot's thread had when
- * its slot was made, only ever compared) if it is still linked, else the
- * first with that thread_id.  GIL held (thread states are unlinked only by
- * threads that hold it).
- * Rule: the address decides when several states carry one thread_id.  On
- * 3.11 a failed thread start leaves its preallocated state linked at the
- * head of the list with the thread_id of the thread that tried (it is set at
- * creation, and only a started thread sets its own): a lookup by thread_id
- * alone found that dead state first, and the hook went there -- the
- * thread's deadlines then came only at the block's exit.  Rejected: the
- * address alone -- a thread without a Python thread of its own
- * (PyGILState_Ensure/Release per call) gets a new state each time, and its
- * deadlines would be lost. */
-static inline PyThreadState *tc_find_tstate(unsigned long ident, const void *known)
+/* The thread state at address `known` whose PyThreadState_GetID is `uid`
+ * (the one a slot's owner last noted: tc_internal.h, slot_note_tstate) if
+ * it is still linked in the current thread's interpreter, else NULL.  GIL
+ * held (thread states are unlinked only by threads that hold it).  Public
+ * API only: the address is only ever compared, and the id tells a state
+ * from a newer one made at the same address.
+ * Rejected: looking up by the thread's ident (PyThreadState.thread_id, a
+ * private field) -- on 3.11 a failed thread start leaves its preallocated
+ * state linked at the head of the list with the ident of the thread that
+ * tried, and the hook went to that dead state (the thread's deadlines came
+ * only at its block's exit); and the address alone, without the id -- a
+ * thread without a Python thread of its own gets a new state for each call,
+ * often at the address its last one had. */
+static inline PyThreadState *tc_find_tstate(const void *known, uint64_t uid)
 {
     PyInterpreterState *interp = PyThreadState_GetInterpreter(PyThreadState_Get());
-    PyThreadState *first = NULL;
     for (PyThreadState *t = PyInterpreterState_ThreadHead(interp); t != NULL;
-         t = PyThreadState_Next(t)) {
-        if (t->thread_id != ident)
-            continue;
+         t = PyThreadState_Next(t))
         if ((const void *)t == known)
-            return t;
-        if (first == NULL)
-            first = t;
-    }
-    return first;
+            return PyThreadState_GetID(t) == uid ? t : NULL;
+    return NULL;
 }
 
 /* Attribute `name` of `o`, or NULL without an error if it has none: 1, 0,

@@ -219,12 +219,37 @@ static int stack_protected(PyFrameObject *cur, Scope *sc, PyObject **where)
 }
 
 /* Is our interrupt being raised, or handled (except/finally/__exit__), in
- * thread `t` now (GIL held; free-threaded: `t` is the caller's own)?  Then
- * it was not swallowed, and raising it again would tear the handler that is
- * cleaning up. */
-static int interrupt_in_flight(PyThreadState *t)
+ * the calling thread now?  Then it was not swallowed, and raising it again
+ * would tear the handler that is cleaning up.  Public API only: the raised
+ * exception, the handled one, and the handled one's __context__ chain -- an
+ * exception raised while the interrupt is handled, in a nested handler or
+ * in a generator resumed from one, has it there (CPython keeps a frame's
+ * enclosing handled exceptions on its value stack, out of reach).  Rule:
+ * only the thread itself asks; another thread's exception state is never
+ * read (private fields, and free-threaded not readable at all): the
+ * watchdog sends, and the hook waits here (deliver_here).  Rejected: the
+ * thread state's exc_info chain, which also sees a generator level below a
+ * suspended generator's own handled exception -- private fields, for a case
+ * where the wait only ends at the handler's exit instead. */
+static int interrupt_in_flight_here(void)
 {
-    return tc_raising(t, g_interrupt) || tc_handling(t, g_interrupt);
+    PyObject *raised = PyErr_Occurred(); /* borrowed; a class on 3.11 */
+    PyObject *e;
+    if (raised != NULL && PyErr_GivenExceptionMatches(raised, g_interrupt))
+        return 1;
+    e = PyErr_GetHandledException(); /* new reference, or NULL */
+    for (int i = 0; e != NULL && e != Py_None && i < TC_CONTEXT_DEPTH; i++) {
+        PyObject *context;
+        if (PyObject_TypeCheck(e, (PyTypeObject *)g_interrupt)) {
+            Py_DECREF(e);
+            return 1;
+        }
+        context = PyException_GetContext(e); /* new reference, or NULL */
+        Py_DECREF(e);
+        e = context;
+    }
+    Py_XDECREF(e);
+    return 0;
 }
 
 /* -- The hook: per-thread tracer (3.11) or sys.monitoring tool (3.12+) ---------- */

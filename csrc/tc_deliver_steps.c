@@ -50,7 +50,6 @@ static int deliver_here(tc_slot *s, int vetted, int mode)
     if (atomic_load(&s->shield) > 0)
         return 0; /* the shield's exit delivers */
     PyFrameObject *cur = PyEval_GetFrame(); /* borrowed */
-    PyThreadState *me = PyThreadState_Get();
     if (cur == NULL)
         return 0;
     /* Already deferred, and the innermost frame is protected (not the scope's
@@ -69,7 +68,7 @@ static int deliver_here(tc_slot *s, int vetted, int mode)
     if (tc_gc_collecting())
         return 0; /* a finalizer the collector runs: raised there, the interrupt would
                      only be reported as ignored (and a report hook hit in turn) */
-    if (interrupt_in_flight(me))
+    if (interrupt_in_flight_here())
         return 0; /* already on its way out; if swallowed, this one follows */
     now = now_ns();
 #if TC_FREE_THREADED

@@ -41,8 +41,8 @@
  * public cpython/ headers, whose layout CPython keeps within a feature
  * release, but its fields are undocumented, and a build of another kind --
  * a debug or a free-threaded one -- lays it out otherwise):
- *   1. thread_id is PyThread_get_thread_ident(), and tc_find_tstate finds
- *      our own thread state by it;
+ *   1. tc_find_tstate finds our own thread state by its address and id
+ *      (public API only: a check of the lookup, not of a layout);
  *   2. the current interpreter frame (cframe->current_frame, 3.11 and 3.12;
  *      current_frame, 3.13+) is the one PyThreadState_GetFrame()'s frame
  *      object points at (f_frame, mirrored by tc_compat.h), and the code it
@@ -58,11 +58,14 @@
  *      a probe tracer set and removed when the thread has none (sys.gettrace()
  *      and sys.getprofile() both None), else compared with sys.gettrace()
  *      and left alone.
- * Test hook: TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET=1 makes check 1 read
- * thread_id 64 bytes off (inside the thread state): it must be refused.
- * The core itself reads 1-3 and, on 3.11, the tracer; a mismatch there keeps
+ * Test hook: TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET=1 makes check 2 read
+ * the current frame's address 64 bytes past its field (an address only
+ * compared, never followed): it must be refused.
+ * The core itself reads 2 and, on 3.11, 4; a mismatch there keeps
  * the whole core from running (tc_accel.c: tc_accel_core_refused), and
- * timeoutcore._native refuses to load with the reason.
+ * timeoutcore._native refuses to load with the reason.  Only the
+ * accelerator direct_delivery reads 3 (tstate_exceptions_check): a mismatch
+ * turns it off.
  *
  * GIL held throughout; Python errors met on the way are cleared and count
  * as a failed check.
@@ -182,8 +185,7 @@ static int debug_offsets_agree(char *why, size_t n)
         d->interpreter_state.gil_runtime_state_holder !=
             offsetof(PyInterpreterState, _gil.last_holder))
         return check_fail(why, n, "_Py_DebugOffsets: the interpreter state's layout differs");
-    if (d->thread_state.thread_id != offsetof(PyThreadState, thread_id) ||
-        d->thread_state.current_frame != offsetof(PyThreadState, current_frame))
+    if (d->thread_state.current_frame != offsetof(PyThreadState, current_frame))
         return check_fail(why, n, "_Py_DebugOffsets: the thread state's layout differs");
 #ifdef Py_INTERNAL_DEBUG_OFFSETS_H /* 3.14+: gc's own offsets too */
     if (d->gc.collecting != offsetof(struct _gc_runtime_state, collecting))
@@ -365,6 +367,27 @@ static int code_fields_agree(PyCodeObject *code, char *why, size_t n)
     return 1;
 }
 
+#if TC_IFRAME_ID
+/* Check 2's field, read as tc_current_iframe does, or with the test hook 64
+ * bytes past it: 3.11 and 3.12 keep it in the eval loop's _PyCFrame, on the
+ * C stack, whose older part lies past it. */
+static void *current_iframe_checked(PyThreadState *t)
+{
+    const char *corrupt = getenv("TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET");
+    void *cur;
+    if (corrupt == NULL || strcmp(corrupt, "1") != 0)
+        return tc_current_iframe(t);
+#if PY_VERSION_HEX < 0x030D0000
+    if (t->cframe == NULL)
+        return NULL;
+    memcpy(&cur, (const char *)&t->cframe->current_frame + 64, sizeof(cur));
+#else
+    memcpy(&cur, (const char *)&t->current_frame + 64, sizeof(cur));
+#endif
+    return cur;
+}
+#endif
+
 /* Check 2: the current interpreter frame and its code. */
 static int tstate_frame_agrees(PyThreadState *t, char *why, size_t n)
 {
@@ -375,7 +398,7 @@ static int tstate_frame_agrees(PyThreadState *t, char *why, size_t n)
         return check_fail(why, n, "the thread state: no Python frame to compare with");
     code = PyFrame_GetCode(f);
 #if TC_IFRAME_ID
-    void *cur = tc_current_iframe(t);
+    void *cur = current_iframe_checked(t);
     if (cur == NULL || tc_frame_iframe(f) != cur)
         wrong = "the thread state's current frame is not the one PyThreadState_GetFrame() shows";
     else if (tc_iframe_code(cur) != code)
@@ -392,19 +415,14 @@ static int tstate_frame_agrees(PyThreadState *t, char *why, size_t n)
     return wrong == NULL;
 }
 
-/* Check 1: thread_id, and the lookup the core does with it. */
-static int tstate_ident_agrees(PyThreadState *t, char *why, size_t n)
+/* Check 1: the lookup the core does for another thread, of our own. */
+static int tstate_lookup_agrees(PyThreadState *t, char *why, size_t n)
 {
-    const char *corrupt = getenv("TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET");
-    unsigned long ident = PyThread_get_thread_ident(), seen;
-    size_t off = corrupt != NULL && strcmp(corrupt, "1") == 0 ? 64 : 0;
-    memcpy(&seen, (const char *)&t->thread_id + off, sizeof(seen));
-    if (seen != ident)
-        return check_fail(why, n, "the thread state's thread_id is not "
-                          "PyThread_get_thread_ident()");
-#if !TC_FREE_THREADED /* never walked there (tc_compat.h: tc_find_tstate) */
-    if (tc_find_tstate(ident, t) != t)
-        return check_fail(why, n, "the thread state is not found by its thread_id");
+#if !TC_FREE_THREADED /* never looked up there (tc_compat.h: tc_find_tstate) */
+    if (tc_find_tstate(t, PyThreadState_GetID(t)) != t)
+        return check_fail(why, n, "the thread state is not found by its address and id");
+#else
+    (void)t, (void)why, (void)n;
 #endif
     return 1;
 }
@@ -419,15 +437,31 @@ static int tstate_check(char *why, size_t n)
     int ok;
     if (PyErr_Occurred())
         return check_fail(why, n, "the thread state: an error was already set");
-    if (!tstate_ident_agrees(t, why, n) || !tstate_frame_agrees(t, why, n))
+    if (!tstate_frame_agrees(t, why, n) || !tstate_lookup_agrees(t, why, n))
         return 0;
+#if TC_HOOK_TRACE
     probe = PyErr_NewException("timeoutcore._ImportCheckProbe", NULL, NULL);
     if (probe == NULL)
         return check_fail(why, n, "the thread state: the probe type could not be made");
-    ok = tstate_exceptions_agree(t, probe, why, n);
-#if TC_HOOK_TRACE
-    ok = ok && tstate_tracer_agrees(t, probe, why, n);
+    ok = tstate_tracer_agrees(t, probe, why, n);
+    Py_DECREF(probe);
+#else
+    (void)probe;
+    ok = 1;
 #endif
+    return ok;
+}
+
+/* Check 3 alone, for the one accelerator that reads another thread's
+ * exception state (accel_direct_delivery.c), in the importing thread, GIL
+ * held, no error set.  1 if it held, else 0 with the reason in `why`. */
+static int tstate_exceptions_check(char *why, size_t n)
+{
+    PyObject *probe = PyErr_NewException("timeoutcore._ImportCheckProbe", NULL, NULL);
+    int ok;
+    if (probe == NULL)
+        return check_fail(why, n, "the thread state: the probe type could not be made");
+    ok = tstate_exceptions_agree(PyThreadState_Get(), probe, why, n);
     Py_DECREF(probe);
     return ok;
 }

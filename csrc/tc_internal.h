@@ -150,8 +150,11 @@ typedef struct tc_slot {
                                       GIL, 3.12+, at the self-fire's
                                       prepare (for its watch's spin)       */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
-    _Atomic(const void *) tstate_id; /* its thread state, only ever compared
-                                      with the GIL's holder (slot_get)     */
+    _Atomic(const void *) tstate_id; /* the thread state its owner last ran
+                                      on (slot_note_tstate), compared with
+                                      the GIL's holder and with the linked
+                                      states, never dereferenced           */
+    uint64_t tstate_uid;           /* that state's PyThreadState_GetID (GIL) */
     struct self_fire_slot self_fire; /* accelerator self_fire's        */
     struct remote_relay_slot relay; /* accelerator remote_relay's      */
 #if TC_FREE_THREADED
@@ -177,7 +180,23 @@ typedef struct tc_slot {
 
 /* The thread state of the slot's thread, or NULL if it is gone (GIL held;
  * tc_compat.h: tc_find_tstate, never on a free-threaded build). */
-#define slot_find_tstate(s) tc_find_tstate((s)->ident, atomic_load(&(s)->tstate_id))
+#define slot_find_tstate(s) tc_find_tstate(atomic_load(&(s)->tstate_id), (s)->tstate_uid)
+
+/* The owner, GIL held, at its slot's making and at each scope's entry: note
+ * the thread state it runs on.  Rule: noted at every entry, because a thread
+ * without a Python thread of its own (PyGILState_Ensure/Release around each
+ * call, as ctypes callbacks from a foreign thread do) runs each call on a
+ * new state, while its slot lasts as long as the OS thread; a block's scopes
+ * all run on the state its entry noted.  The state's unique id goes with
+ * its address, which a new state may reuse. */
+static inline void slot_note_tstate(struct tc_slot *s, PyThreadState *t)
+{
+    uint64_t uid = PyThreadState_GetID(t);
+    if (s->tstate_uid != uid || atomic_load_explicit(&s->tstate_id, memory_order_relaxed) != t) {
+        s->tstate_uid = uid;
+        atomic_store(&s->tstate_id, (const void *)t);
+    }
+}
 
 /* Rule: ANOTHER thread's frames are looked at with the collector off (GIL
  * held; the watchdog, a cancelling thread).  PyThreadState_GetFrame and

@@ -342,7 +342,7 @@ static int slot_fire(tc_slot *s, int64_t now, int local)
  * entered for good (every later line of the thread then got an interrupt).
  * So the thread's slot keeps a weak reference to the instance sent up the
  * body (interrupt_new); while that instance lives, it is held -- as one
- * being handled is (interrupt_in_flight) -- for up to TC_REINJECT_HELD_MAX_NS.
+ * being handled is (interrupt_in_flight_here) -- for up to TC_REINJECT_HELD_MAX_NS.
  * Rejected: no bound -- a body that keeps every interrupt and goes on (a log
  * handler that holds the record) would run for ever; and a strong reference
  * -- the instance's traceback holds the frames it left, whose locals'
@@ -438,18 +438,14 @@ static void slot_reinject(tc_slot *s, int64_t now)
         deliver_backstop(s);
         return;
     }
-#if TC_FREE_THREADED
-    /* Another thread's exception state cannot be read here (tc_lock.h), nor
-     * its interrupt (it may be freed meanwhile): send it; the hook, in the
-     * thread, waits while the interrupt is being raised, handled or held
-     * (deliver_here), and the scope's exit takes it back. */
-    if (!atomic_load(&s->alive))
+    /* Another thread's exception state is not read here (tc_deliver.c:
+     * interrupt_in_flight_here): send it; the hook, in the thread, waits
+     * while the interrupt is being raised or handled (deliver_here), and the
+     * scope's exit takes it back.  Free-threaded, the interrupt it holds
+     * cannot be looked at either (it may be freed meanwhile): the hook asks
+     * that too. */
+    if (!atomic_load(&s->alive) || (!TC_FREE_THREADED && interrupt_held(s, now)))
         return;
-#else
-    PyThreadState *t = slot_find_tstate(s);
-    if (t == NULL || interrupt_in_flight(t) || interrupt_held(s, now))
-        return;
-#endif
     STAT_INC(reinjections);
     slot_inject(s, g_interrupt, s->fired);
 }
@@ -648,7 +644,7 @@ static tc_slot *slot_get(void)
     }
     s->tid = (pid_t)syscall(SYS_gettid);
     s->ident = PyThread_get_thread_ident();
-    atomic_store(&s->tstate_id, (const void *)PyThreadState_Get());
+    slot_note_tstate(s, PyThreadState_Get());
     atomic_store(&s->state, SLOT_IDLE);
     atomic_store(&s->deadline, TC_NEVER);
     atomic_store(&s->shield, 0);

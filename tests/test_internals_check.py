@@ -162,7 +162,8 @@ def _import_with_a_wrong_thread_state_offset(tmp_path: Path, engine: str,
                           timeout=120, cwd=tmp_path, env=environ)
 
 
-REFUSED = "failed its import check: the thread state's thread_id is not"
+REFUSED = ("failed its import check: the thread state's current frame is not the one "
+           "PyThreadState_GetFrame() shows")
 
 DEADLINE_ENDS = "import time, timeoutcore\n" + DEADLINE + "print(timeoutcore.ENGINE, ended)\n"
 

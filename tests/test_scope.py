@@ -146,6 +146,42 @@ def _spin(seconds: float) -> int:
     return landed
 
 
+@pytest.mark.parametrize("shape", ["except", "nested except", "finally"])
+def test_a_handler_cleaning_up_after_the_interrupt_is_not_interrupted_again(
+        api: Any, where: Any, shape: str) -> None:
+    """While the interrupt is being handled -- an ``except`` or a ``finally`` that cleans
+    up, or a handler nested in one -- it is on its way out, not swallowed: the cleanup
+    runs to its end with no second interrupt, longer than a held interrupt holds the
+    re-send back (about a second), and the block ends with DeadlineExceeded."""
+
+    def cleanup() -> int:
+        if shape != "nested except":
+            return _spin(1.3)
+        try:
+            raise ValueError("a failure of the cleanup itself")
+        except ValueError:
+            return _spin(1.3)
+
+    def body() -> int:
+        landed = -1
+        with pytest.raises(DeadlineExceeded):
+            with api.thread_deadline(0.02):
+                if shape == "finally":
+                    try:
+                        spin_forever()
+                    finally:
+                        landed = cleanup()
+                else:
+                    try:
+                        spin_forever()
+                    except BaseException:
+                        landed = cleanup()
+                        raise
+        return landed
+
+    assert where(body) == 0
+
+
 def test_an_interrupt_kept_to_raise_later_is_not_sent_again_meanwhile(
         api: Any, where: Any) -> None:
     """A body that catches the interrupt, keeps it, works on and then raises it -- as a
