@@ -221,35 +221,28 @@ static int stack_protected(PyFrameObject *cur, Scope *sc, PyObject **where)
 /* Is our interrupt being raised, or handled (except/finally/__exit__), in
  * the calling thread now?  Then it was not swallowed, and raising it again
  * would tear the handler that is cleaning up.  Public API only: the raised
- * exception, the handled one, and the handled one's __context__ chain -- an
- * exception raised while the interrupt is handled, in a nested handler or
- * in a generator resumed from one, has it there (CPython keeps a frame's
- * enclosing handled exceptions on its value stack, out of reach).  Rule:
- * only the thread itself asks; another thread's exception state is never
- * read (private fields, and free-threaded not readable at all): the
- * watchdog sends, and the hook waits here (deliver_here).  Rejected: the
- * thread state's exc_info chain, which also sees a generator level below a
- * suspended generator's own handled exception -- private fields, for a case
- * where the wait only ends at the handler's exit instead. */
+ * exception and the handled one (the innermost, as sys.exc_info() sees it).
+ * Rule: only the thread itself asks; another thread's exception state is
+ * never read (private fields, and free-threaded not readable at all): the
+ * watchdog sends, and the hook waits here (deliver_here).  A handler nested
+ * in the interrupt's (its own try/except) hides it; there the interrupt,
+ * alive on the outer handler's stack, is held (interrupt_held) for its
+ * bound.  Rejected: the handled exception's __context__ chain -- it keeps
+ * the interrupt after its handling ended: a block entered in an `except
+ * DeadlineExceeded:` never got its own interrupt; and the thread state's
+ * exc_info chain -- private fields, which see the same as sys.exc_info()
+ * but for a generator level below a suspended generator's own handler. */
 static int interrupt_in_flight_here(void)
 {
     PyObject *raised = PyErr_Occurred(); /* borrowed; a class on 3.11 */
-    PyObject *e;
+    PyObject *handled;
+    int r;
     if (raised != NULL && PyErr_GivenExceptionMatches(raised, g_interrupt))
         return 1;
-    e = PyErr_GetHandledException(); /* new reference, or NULL */
-    for (int i = 0; e != NULL && e != Py_None && i < TC_CONTEXT_DEPTH; i++) {
-        PyObject *context;
-        if (PyObject_TypeCheck(e, (PyTypeObject *)g_interrupt)) {
-            Py_DECREF(e);
-            return 1;
-        }
-        context = PyException_GetContext(e); /* new reference, or NULL */
-        Py_DECREF(e);
-        e = context;
-    }
-    Py_XDECREF(e);
-    return 0;
+    handled = PyErr_GetHandledException(); /* new reference, or NULL */
+    r = handled != NULL && PyObject_TypeCheck(handled, (PyTypeObject *)g_interrupt);
+    Py_XDECREF(handled);
+    return r;
 }
 
 /* -- The hook: per-thread tracer (3.11) or sys.monitoring tool (3.12+) ---------- */

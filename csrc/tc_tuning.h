@@ -34,12 +34,6 @@
  * for ever.  Bench: none (a bound on a correctness case:
  * tests/test_scope.py). */
 #define TC_REINJECT_HELD_MAX_NS 1000000000LL /* 1 s                          */
-/* How far the hook follows the handled exception's __context__ chain to
- * see whether the interrupt is being handled (tc_deliver.c:
- * interrupt_in_flight_here): a bound, since a chain set by hand may be a
- * cycle; handlers nested deeper are rare, and beyond it the hook raises
- * as if the interrupt had been swallowed.  Bench: none (a bound). */
-#define TC_CONTEXT_DEPTH 32
 /* The switch interval assumed until sys.getswitchinterval() is first read:
  * CPython's own default.  Bench: none (CPython's value). */
 #define TC_SWITCH_DEFAULT_NS 5000000LL      /* 5 ms                          */

@@ -146,21 +146,13 @@ def _spin(seconds: float) -> int:
     return landed
 
 
-@pytest.mark.parametrize("shape", ["except", "nested except", "finally"])
+@pytest.mark.parametrize("shape", ["except", "finally"])
 def test_a_handler_cleaning_up_after_the_interrupt_is_not_interrupted_again(
         api: Any, where: Any, shape: str) -> None:
     """While the interrupt is being handled -- an ``except`` or a ``finally`` that cleans
-    up, or a handler nested in one -- it is on its way out, not swallowed: the cleanup
-    runs to its end with no second interrupt, longer than a held interrupt holds the
-    re-send back (about a second), and the block ends with DeadlineExceeded."""
-
-    def cleanup() -> int:
-        if shape != "nested except":
-            return _spin(1.3)
-        try:
-            raise ValueError("a failure of the cleanup itself")
-        except ValueError:
-            return _spin(1.3)
+    up -- it is on its way out, not swallowed: the cleanup runs to its end with no second
+    interrupt, longer than a held interrupt holds the re-send back (about a second), and
+    the block ends with DeadlineExceeded."""
 
     def body() -> int:
         landed = -1
@@ -170,16 +162,38 @@ def test_a_handler_cleaning_up_after_the_interrupt_is_not_interrupted_again(
                     try:
                         spin_forever()
                     finally:
-                        landed = cleanup()
+                        landed = _spin(1.3)
                 else:
                     try:
                         spin_forever()
                     except BaseException:
-                        landed = cleanup()
+                        landed = _spin(1.3)
                         raise
         return landed
 
     assert where(body) == 0
+
+
+def test_a_block_entered_while_handling_an_expiry_gets_its_own(api: Any, where: Any) -> None:
+    """A fallback in ``except DeadlineExceeded:`` is a block of its own: the handled
+    exception's chain still holds the first block's interrupt, but that one is over, and
+    the new block is stopped inside at its own deadline (broken: only its exit, 10 s
+    on, raised)."""
+
+    def body() -> float:
+        try:
+            with api.thread_deadline(0.02):
+                spin_forever()
+        except DeadlineExceeded:
+            t0 = time.monotonic()
+            with pytest.raises(DeadlineExceeded):
+                with api.thread_deadline(0.05):
+                    burn(10.0)
+            return time.monotonic() - t0
+        return -1.0
+
+    took = where(body)
+    assert 0.0 <= took < 5.0, took
 
 
 def test_an_interrupt_kept_to_raise_later_is_not_sent_again_meanwhile(

@@ -291,26 +291,6 @@ _TRACE_HOOK = sys.version_info < (3, 12)
 _restore: dict[int, Any] = {}
 
 
-#: How far the handled exception's ``__context__`` chain is followed (the native core's
-#: TC_CONTEXT_DEPTH): a bound, since a chain set by hand may be a cycle.
-CONTEXT_DEPTH = 32
-
-
-def _interrupt_handled() -> bool:
-    """Is our interrupt being handled in this thread (except/finally/__exit__)? The
-    handled exception, or one in its ``__context__`` chain: an exception raised while the
-    interrupt is handled -- in a nested handler, or in a generator resumed from one --
-    has it there, while the interrupt itself sits on the frame's stack, out of sight."""
-    exc: BaseException | None = sys.exc_info()[1]
-    for _ in range(CONTEXT_DEPTH):
-        if exc is None:
-            return False
-        if isinstance(exc, _DeadlineInterrupt):
-            return True
-        exc = exc.__context__
-    return False
-
-
 def decide(frame: types.FrameType, vetted: bool, mode: int) -> bool:
     """In the thread itself, at a line boundary of ``frame`` (``vetted``: a loop's
     back-edge whose raise position the caller checked), with something pending: raise it
@@ -329,7 +309,8 @@ def decide(frame: types.FrameType, vetted: bool, mode: int) -> bool:
     if _gc_thread == me:
         stats["wait_gc"] += 1
         return False
-    if _interrupt_handled():
+    handling = sys.exc_info()[1]
+    if isinstance(handling, _DeadlineInterrupt):
         stats["wait_in_flight"] += 1
         return False  # on its way out already; if swallowed, the watchdog sends it again
     exc, scope = item
