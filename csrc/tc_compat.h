@@ -181,6 +181,15 @@ static inline PyThreadState *tc_find_tstate(const void *known, uint64_t uid)
     return NULL;
 }
 
+/* Is an asynchronous exception (PyThreadState_SetAsyncExc) still waiting
+ * in thread state `t`?  GIL held (free-threaded: `t` is the caller's own;
+ * other threads set it with an atomic exchange).  Private field
+ * PyThreadState.async_exc; checked at import (tc_gil_check.c). */
+static inline int tc_async_exc_waiting(PyThreadState *t)
+{
+    return __atomic_load_n(&t->async_exc, __ATOMIC_RELAXED) != NULL;
+}
+
 /* Attribute `name` of `o`, or NULL without an error if it has none: 1, 0,
  * or -1 with the error set (PyObject_GetOptionalAttr is 3.13+; before, the
  * same function was _PyObject_LookupAttr). */

@@ -246,7 +246,7 @@ static int64_t deliver_cancel(tc_slot *s)
          * consumed one made the next deadline next to busy threads later).  Free-threaded, another
          * thread's state is not looked at (tc_lock.h). */
         PyThreadState *t = slot_tstate(s);
-        if (t == NULL ? TC_FREE_THREADED && atomic_load(&s->alive) : t->async_exc != NULL)
+        if (t == NULL ? TC_FREE_THREADED && atomic_load(&s->alive) : tc_async_exc_waiting(t))
             PyThreadState_SetAsyncExc(s->ident, NULL);
         s->async_pending = 0;
     }

@@ -53,7 +53,10 @@
  *   3. the exception being raised (curexc_type, 3.11; current_exception,
  *      3.12+) follows PyErr_SetString / PyErr_Clear, and the one being
  *      handled (exc_info) follows PyErr_SetHandledException, put back after;
- *   4. 3.11: the thread's tracer (c_tracefunc, c_traceobj) and the byte
+ *   4. the asynchronous exception waiting (async_exc) follows
+ *      PyThreadState_SetAsyncExc with a probe, and is empty again once a
+ *      loop's back-edge has raised it;
+ *   5. 3.11: the thread's tracer (c_tracefunc, c_traceobj) and the byte
  *      its tracing switches (cframe->use_tracing) follow PyEval_SetTrace --
  *      a probe tracer set and removed when the thread has none (sys.gettrace()
  *      and sys.getprofile() both None), else compared with sys.gettrace()
@@ -61,7 +64,7 @@
  * Test hook: TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET=1 makes check 2 read
  * the current frame's address 64 bytes past its field (an address only
  * compared, never followed): it must be refused.
- * The core itself reads 2 and, on 3.11, 4; a mismatch there keeps
+ * The core itself reads 2, 4 and, on 3.11, 5; a mismatch there keeps
  * the whole core from running (tc_accel.c: tc_accel_core_refused), and
  * timeoutcore._native refuses to load with the reason.  Only the
  * accelerator direct_delivery reads 3 (tstate_exceptions_check): a mismatch
@@ -276,7 +279,7 @@ static PyObject *sys_call(const char *name)
     return r;
 }
 
-/* Check 4: the thread's tracer fields against PyEval_SetTrace and
+/* Check 5: the thread's tracer fields against PyEval_SetTrace and
  * sys.gettrace().  `probe`: any object, the probe tracer's argument. */
 static int tstate_tracer_agrees(PyThreadState *t, PyObject *probe, char *why, size_t n)
 {
@@ -415,6 +418,38 @@ static int tstate_frame_agrees(PyThreadState *t, char *why, size_t n)
     return wrong == NULL;
 }
 
+/* Check 4: async_exc follows PyThreadState_SetAsyncExc, and is empty again
+ * once the thread's next eval-breaker check has raised it (a loop's
+ * back-edge, run here; consumed, never cleared, which on 3.11 and 3.12
+ * would leave the breaker tripped). */
+static int tstate_async_exc_agrees(PyThreadState *t, PyObject *probe, char *why, size_t n)
+{
+    unsigned long me = PyThread_get_thread_ident();
+    PyObject *globals, *r = NULL;
+    int before = tc_async_exc_waiting(t), during, raised = 0, after;
+    if (before)
+        return check_fail(why, n, "the thread state: an asynchronous exception was waiting");
+    if (PyThreadState_SetAsyncExc(me, probe) != 1)
+        return check_fail(why, n, "the thread state: PyThreadState_SetAsyncExc found no thread");
+    during = tc_async_exc_waiting(t);
+    if ((globals = PyDict_New()) != NULL) {
+        r = PyRun_String("i = 0\nwhile i < 1000:\n    i += 1\n", Py_file_input, globals, globals);
+        Py_DECREF(globals);
+    }
+    if (r == NULL) {
+        raised = PyErr_ExceptionMatches(probe);
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
+    if (!raised) /* still there (or never set): not left behind for later code */
+        (void)PyThreadState_SetAsyncExc(me, NULL);
+    after = tc_async_exc_waiting(t);
+    if (!during || !raised || after)
+        return check_fail(why, n, "the thread state's async_exc does not follow "
+                          "PyThreadState_SetAsyncExc");
+    return 1;
+}
+
 /* Check 1: the lookup the core does for another thread, of our own. */
 static int tstate_lookup_agrees(PyThreadState *t, char *why, size_t n)
 {
@@ -439,16 +474,14 @@ static int tstate_check(char *why, size_t n)
         return check_fail(why, n, "the thread state: an error was already set");
     if (!tstate_frame_agrees(t, why, n) || !tstate_lookup_agrees(t, why, n))
         return 0;
-#if TC_HOOK_TRACE
     probe = PyErr_NewException("timeoutcore._ImportCheckProbe", NULL, NULL);
     if (probe == NULL)
         return check_fail(why, n, "the thread state: the probe type could not be made");
-    ok = tstate_tracer_agrees(t, probe, why, n);
-    Py_DECREF(probe);
-#else
-    (void)probe;
-    ok = 1;
+    ok = tstate_async_exc_agrees(t, probe, why, n);
+#if TC_HOOK_TRACE
+    ok = ok && tstate_tracer_agrees(t, probe, why, n);
 #endif
+    Py_DECREF(probe);
     return ok;
 }
 
