@@ -11,6 +11,15 @@
  */
 
 #if TC_DIRECT_BACK_EDGE
+/* Is our interrupt being raised or handled in thread `t` (GIL held, `t`
+ * paused)?  This accelerator judges another thread from here, so it reads
+ * that thread's exception state (tc_compat.h: tc_raising, tc_handling;
+ * checked at import, tc_gil_check.c), which the core never does. */
+static int interrupt_in_flight_in(PyThreadState *t)
+{
+    return tc_raising(t, g_interrupt) || tc_handling(t, g_interrupt);
+}
+
 /* Why: the hook costs every thread while it is armed on 3.12 (its events are
  * interpreter-wide), and in a busy pool the fired thread may wait for the
  * GIL with the events on all that time -- the largest part of what frequent
@@ -40,15 +49,6 @@
  * The exit that claims the interrupt (slot_claim) takes an unconsumed one
  * back, as for the fallback without a hook (async_pending).  GIL held, any
  * thread but the slot's own; returns 1 if sent. */
-/* Is our interrupt being raised or handled in thread `t` (GIL held, `t`
- * paused)?  This accelerator judges another thread from here, so it reads
- * that thread's exception state (tc_compat.h: tc_raising, tc_handling;
- * checked at import, tc_gil_check.c), which the core never does. */
-static int interrupt_in_flight_in(PyThreadState *t)
-{
-    return tc_raising(t, g_interrupt) || tc_handling(t, g_interrupt);
-}
-
 static int deliver_direct(tc_slot *s, PyThreadState *t, PyObject *scope)
 {
     PyFrameObject *f;
