@@ -7,6 +7,7 @@ import os
 import sys
 import sysconfig
 import contextlib
+import textwrap
 import threading
 import time
 import types
@@ -52,6 +53,33 @@ def _native_api() -> types.SimpleNamespace:
         current_scope=timeoutcore.current_scope,
     )
 
+
+#: Source that a test's child-process script starts with: ``stopped_after(make, step)``
+#: runs ``step()`` in a block ``make()`` enters until the block is stopped, and returns
+#: ``[exception name, seconds]`` -- a lost delivery shows as ``["ran to the end", ~30]``;
+#: ``cancelled_soon`` is a block another thread cancels 0.1 s in.
+CHILD_BLOCKS = textwrap.dedent("""
+    import threading, time
+    from timeoutcore import DeadlineCancelled, DeadlineExceeded, thread_deadline
+
+    def stopped_after(make, step, seconds=30.0):
+        t0 = time.monotonic()
+        try:
+            with make():
+                while time.monotonic() - t0 < seconds:
+                    step()
+        except (DeadlineExceeded, DeadlineCancelled) as exc:
+            return [type(exc).__name__, time.monotonic() - t0]
+        return ["ran to the end", time.monotonic() - t0]
+
+    class cancelled_soon:
+        def __enter__(self):
+            self.scope = thread_deadline(60).__enter__()
+            threading.Timer(0.1, self.scope.cancel).start()
+            return self.scope
+        def __exit__(self, *exc):
+            return self.scope.__exit__(*exc)
+""")
 
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 #: the pure-Python engine needs a GIL (timeoutcore/_engine.py)

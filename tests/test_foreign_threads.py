@@ -20,7 +20,7 @@ import pytest
 
 import timeoutcore
 
-from conftest import FREE_THREADED
+from conftest import CHILD_BLOCKS, FREE_THREADED
 
 HELPER = textwrap.dedent("""
     #include <pthread.h>
@@ -47,32 +47,16 @@ HELPER = textwrap.dedent("""
     }
 """)
 
-CHILD = textwrap.dedent("""
-    import ctypes, json, sys, threading, time
+CHILD = CHILD_BLOCKS + textwrap.dedent("""
+    import ctypes, json, sys
     import timeoutcore
-    from timeoutcore import DeadlineCancelled, DeadlineExceeded, thread_deadline
 
     lib = ctypes.CDLL(sys.argv[1])  # a CDLL call lets the GIL go: the C thread runs
     STEP = ctypes.CFUNCTYPE(None, ctypes.c_int)
     lib.calls_in_a_c_thread.argtypes = (STEP, ctypes.c_int)
 
-    def stopped_after(make, seconds=30.0):
-        t0 = time.monotonic()
-        try:
-            with make():
-                while time.monotonic() - t0 < seconds:  # a CPU loop: the hook must land
-                    pass
-        except (DeadlineExceeded, DeadlineCancelled) as exc:
-            return [type(exc).__name__, time.monotonic() - t0]
-        return ["ran to the end", time.monotonic() - t0]
-
-    class cancelled_soon:
-        def __enter__(self):
-            self.scope = thread_deadline(60).__enter__()
-            threading.Timer(0.1, self.scope.cancel).start()
-            return self.scope
-        def __exit__(self, *exc):
-            return self.scope.__exit__(*exc)
+    def spin():
+        pass  # a CPU loop: the hook must land
 
     local = threading.local()
     out = {"idents": [], "fresh": []}
@@ -85,9 +69,9 @@ CHILD = textwrap.dedent("""
             with thread_deadline(60):  # the slot is made on this call's state
                 pass
         elif i in (1, 3):
-            out[f"deadline{i}"] = stopped_after(lambda: thread_deadline(0.2))
+            out[f"deadline{i}"] = stopped_after(lambda: thread_deadline(0.2), spin)
         else:
-            out["cancel"] = stopped_after(cancelled_soon)
+            out["cancel"] = stopped_after(cancelled_soon, spin)
 
     keep = STEP(step)
     out["rc"] = lib.calls_in_a_c_thread(keep, 4)

@@ -15,13 +15,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import CHILD_BLOCKS
 
 import timeoutcore
 
-CHILD = textwrap.dedent("""
-    import json, threading, time
+CHILD = CHILD_BLOCKS + textwrap.dedent("""
+    import json
     import timeoutcore
-    from timeoutcore import DeadlineCancelled, DeadlineExceeded, thread_deadline
 
     def fail_a_thread_start():
         threading.stack_size(1 << 40)  # no stack that size can be mapped
@@ -33,40 +33,19 @@ CHILD = textwrap.dedent("""
             threading.stack_size(0)
         return False
 
-    def spin(seconds):
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            time.sleep(0.005)
-
-    def stopped_after(make, seconds=30.0):
-        t0 = time.monotonic()
-        try:
-            with make() as scope:
-                if isinstance(scope, tuple):
-                    scope = scope[0]
-                spin(seconds)
-        except (DeadlineExceeded, DeadlineCancelled) as exc:
-            return [type(exc).__name__, time.monotonic() - t0]
-        return ["ran to the end", time.monotonic() - t0]
-
-    class cancelled_soon:
-        def __enter__(self):
-            self.scope = thread_deadline(60).__enter__()
-            threading.Timer(0.1, self.scope.cancel).start()
-            return self.scope
-        def __exit__(self, *exc):
-            return self.scope.__exit__(*exc)
+    def spin():
+        time.sleep(0.005)
 
     out = {}
     with thread_deadline(60):  # the core is running before the failed start too
         pass
     out["failed"] = fail_a_thread_start()
-    out["main_deadline"] = stopped_after(lambda: thread_deadline(0.2))
-    out["main_cancel"] = stopped_after(cancelled_soon)
+    out["main_deadline"] = stopped_after(lambda: thread_deadline(0.2), spin)
+    out["main_cancel"] = stopped_after(cancelled_soon, spin)
 
     def worker():
         out["worker_failed"] = fail_a_thread_start()  # the dead state gets this thread's id
-        out["worker_deadline"] = stopped_after(lambda: thread_deadline(0.2))
+        out["worker_deadline"] = stopped_after(lambda: thread_deadline(0.2), spin)
 
     t = threading.Thread(target=worker)
     t.start()
