@@ -256,11 +256,13 @@ static PyObject *scope_enter(PyObject *self, const scope_args *a, int64_t now)
     if (s == NULL && (s = slot_get()) == NULL)
         return NULL;
     self_fire_on_enter(s); /* free-threaded: its trigger for this deadline */
+    PyThreadState *me = PyThreadState_Get();
+    (void)me; /* unused where neither below is built */
 #if !TC_FREE_THREADED /* there another thread's state is never looked up */
-    slot_note_tstate(s, PyThreadState_Get()); /* tc_internal.h */
+    slot_note_tstate(s, me); /* tc_internal.h */
 #endif
 #if TC_IFRAME_ID
-    sc->iframe = tc_current_iframe(PyThreadState_Get()); /* tc_compat.h */
+    sc->iframe = tc_current_iframe(me); /* tc_compat.h */
     if (code_enters(tc_iframe_code(sc->iframe)))
 #else
     if (frame_enters(PyEval_GetFrame()))
