@@ -421,21 +421,29 @@ static int tstate_frame_agrees(PyThreadState *t, char *why, size_t n)
 /* Check 4: async_exc follows PyThreadState_SetAsyncExc, and is empty again
  * once the thread's next eval-breaker check has raised it (a loop's
  * back-edge, run here; consumed, never cleared, which on 3.11 and 3.12
- * would leave the breaker tripped). */
+ * would leave the breaker tripped).  The loop runs with tracing suspended
+ * and the collector off: raised in the importer's tracer (CPython then
+ * removes the tracer) or in a finalizer (reported as ignored), the probe
+ * would do harm or be lost. */
 static int tstate_async_exc_agrees(PyThreadState *t, PyObject *probe, char *why, size_t n)
 {
     unsigned long me = PyThread_get_thread_ident();
     PyObject *globals, *r = NULL;
-    int before = tc_async_exc_waiting(t), during, raised = 0, after;
+    int before = tc_async_exc_waiting(t), during, raised = 0, after, gc_was;
     if (before)
         return check_fail(why, n, "the thread state: an asynchronous exception was waiting");
     if (PyThreadState_SetAsyncExc(me, probe) != 1)
         return check_fail(why, n, "the thread state: PyThreadState_SetAsyncExc found no thread");
     during = tc_async_exc_waiting(t);
+    gc_was = PyGC_Disable();
+    PyThreadState_EnterTracing(t);
     if ((globals = PyDict_New()) != NULL) {
         r = PyRun_String("i = 0\nwhile i < 1000:\n    i += 1\n", Py_file_input, globals, globals);
         Py_DECREF(globals);
     }
+    PyThreadState_LeaveTracing(t);
+    if (gc_was)
+        (void)PyGC_Enable();
     if (r == NULL) {
         raised = PyErr_ExceptionMatches(probe);
         PyErr_Clear();
