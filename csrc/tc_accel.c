@@ -21,7 +21,10 @@
  * and sent again at the re-injection (tc_unraisable.c sees it dropped).
  * The thread-state check (tc_gil_check.c: tstate_check) runs whatever was
  * asked: it reads only the importing thread's own state, the fields the
- * core reads anyway, and writes nothing but through public calls.
+ * core reads anyway, and writes nothing but through public calls.  The
+ * fields only one accelerator reads (direct_delivery: the exception state;
+ * frame_address: the current frame) are checked only where it is asked
+ * for and supported, and a mismatch turns that one off.
  */
 
 #include "tc_gil_check.c" /* its thread-state part: tstate_check */
@@ -30,7 +33,7 @@
 
 static const char *const g_accel_names[ACCEL_N] = {
     "anticipation", "fast_window", "self_fire", "prearm",    "sleeping_tracer",
-    "direct_delivery", "prepare", "placement", "rescue", "remote_relay",
+    "direct_delivery", "prepare", "placement", "rescue", "remote_relay", "frame_address",
 };
 
 /* Off in this build, and why (NULL: supported): each accelerator's own
@@ -39,7 +42,7 @@ static const char *(*const g_accel_unsupported[ACCEL_N])(void) = {
     anticipation_unsupported,    fast_window_unsupported, self_fire_unsupported,
     prearm_unsupported,          sleeping_tracer_unsupported, direct_delivery_unsupported,
     prepare_unsupported,         placement_unsupported,   rescue_unsupported,
-    remote_relay_unsupported,
+    remote_relay_unsupported,    frame_address_unsupported,
 };
 
 static const char *accel_unsupported(int a) { return g_accel_unsupported[a](); }
@@ -70,6 +73,8 @@ static char g_tstate_failed[TC_ACCEL_WHY_MAX]; /* the same, of the thread-state 
                                                   the core itself then does not run */
 static char g_exc_state_failed[TC_ACCEL_WHY_MAX]; /* the same, of the exception-state
                                                   check: direct_delivery is off */
+static char g_frame_failed[TC_ACCEL_WHY_MAX];  /* the same, of the frame-address
+                                                  check: frame_address is off */
 static char g_accel_needs_why[ACCEL_N][64];    /* "needs X, which is off" */
 static char g_self_fire_failed[TC_ACCEL_WHY_MAX]; /* self_fire's own check (self_fire_check) */
 static char g_accel_unknown[256];              /* names none of ours, comma-separated */
@@ -143,6 +148,12 @@ static int accel_setup(void)
         !tstate_exceptions_check(why, sizeof(why)))
         (void)snprintf(g_exc_state_failed, sizeof(g_exc_state_failed),
                        "failed its import check: %s", why);
+    /* The thread's current-frame address: read by frame_address alone. */
+    why[0] = '\0';
+    if (asked[ACCEL_FRAME_ADDRESS] && frame_address_unsupported() == NULL &&
+        !frame_address_check(why, sizeof(why)))
+        (void)snprintf(g_frame_failed, sizeof(g_frame_failed), "failed its import check: %s",
+                       why);
     for (int a = 0; a < ACCEL_N; a++)
         if (asked[a] && accel_uses_internals(a)) /* even unsupported: the hook's gc test */
             internals = 1;
@@ -165,6 +176,8 @@ static int accel_setup(void)
             off = g_accel_failed;
         if (off == NULL && a == ACCEL_DIRECT_DELIVERY && g_exc_state_failed[0] != '\0')
             off = g_exc_state_failed;
+        if (off == NULL && a == ACCEL_FRAME_ADDRESS && g_frame_failed[0] != '\0')
+            off = g_frame_failed;
         g_accel_why[a] = off;
         g_accel_on[a] = off == NULL;
     }

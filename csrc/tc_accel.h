@@ -62,7 +62,7 @@
  * free-threaded, accel_self_fire_trigger.c),
  * accel_prearm.c, accel_sleeping_tracer.c, accel_direct_delivery.c,
  * accel_prepare.c, accel_placement_rescue.c (placement and rescue: one
- * mechanism), accel_remote_relay.c.
+ * mechanism), accel_remote_relay.c, accel_frame_address.c.
  */
 #ifndef TC_ACCEL_H
 #define TC_ACCEL_H
@@ -78,6 +78,7 @@ enum {
     ACCEL_PLACEMENT,
     ACCEL_RESCUE,
     ACCEL_REMOTE_RELAY,
+    ACCEL_FRAME_ADDRESS,
     ACCEL_N
 };
 
@@ -98,6 +99,7 @@ static const char *prepare_unsupported(void);
 static const char *placement_unsupported(void);
 static const char *rescue_unsupported(void);
 static const char *remote_relay_unsupported(void);
+static const char *frame_address_unsupported(void);
 
 struct tc_slot;
 
@@ -437,6 +439,28 @@ static void prepare_drop(struct Scope *sc);
 
 /* GIL: what was built, borrowed (GC traverse, the `_prepared` view). */
 static PyObject *prepare_peek(struct Scope *sc);
+
+/* -- frame_address (accel_frame_address.c) ----------------------------------
+ * The with statement's frame known by its interpreter frame's address, not
+ * by a frame object made at entry.  All three hooks: the scope's own
+ * thread, GIL held (free-threaded: attached), no lock of ours needed. */
+
+/* Per scope: the address, while the block runs (NULL: not recorded). */
+struct frame_address_scope {
+    void *iframe;          /* never dereferenced: an identity */
+};
+
+/* A scope's entry: record the current frame's address.  1 if the frame
+ * runs a wrapper's entering code (tc_guarded.c: code_enters), 0 if not,
+ * -1 if off (the core then takes the frame object). */
+static int frame_address_enter(struct frame_address_scope *fa, PyThreadState *me);
+
+/* The delivery hook's stack walk: 1 if frame object `f` is the recorded
+ * frame, 0 if not, -1 if none was recorded (the core compares objects). */
+static int frame_address_is(const struct frame_address_scope *fa, PyFrameObject *f);
+
+/* The scope leaves its thread's stack (exit, or dropped): forget it. */
+static void frame_address_leave(struct frame_address_scope *fa);
 
 #if TC_FREE_THREADED
 /* The watchdog thread, as it starts, and the fork child (no other thread):

@@ -20,13 +20,14 @@
  *     tripped on 3.11 and 3.12.
  *   - PyThreadState.c_tracefunc / c_traceobj (3.11): the delivery hook, with
  *     the GIL, to chain to and restore the thread's own tracer.
- *   - PyThreadState.cframe->current_frame (3.11, 3.12) / .current_frame
- *     (3.13, 3.14), and PyFrameObject's f_frame: the scope, at entry, in its
- *     own thread, and the hook, to know the with statement's frame without
- *     making a frame object (an address compared, never dereferenced);
- *     that frame's code (3.11: f_code; 3.14t: f_executable, through
- *     CPython's inline; tc_gil.c: tc_iframe_code), read by the scope at
- *     entry, in its own thread.
+ *   - accelerator frame_address (3.11, 3.12, 3.14): PyThreadState.cframe->
+ *     current_frame (3.11, 3.12) / .current_frame (3.14), and
+ *     PyFrameObject's f_frame: the scope, at entry, in its own thread, and
+ *     the hook, to know the with statement's frame without making a frame
+ *     object (an address compared, never dereferenced); that frame's code
+ *     (3.11: f_code; 3.14t: f_executable, through CPython's inline;
+ *     tc_gil.c: tc_iframe_code), read by the scope at entry, in its own
+ *     thread.
  *   - the GIL state's switch interval, mutex and condition variable (via
  *     tc_gil.c): the watchdog, without the GIL (see "the fast window" below);
  *     its `locked` and `last_holder` (3.12+), which the watchdog reads
@@ -627,20 +628,14 @@ static inline int tc_in_with_enter_gap(PyFrameObject *f)
 #endif
 
 /* -- The with statement's frame, without making a frame object -------------
- * Safe delivery bounds its stack check by the frame whose with statement
- * entered the scope.  PyEval_GetFrame() at entry would make a frame object
- * for a frame that has none yet (on 3.11 a visible share of a block's cost
- * when each block runs in a function call of its own), so the scope
- * records the address of the thread's current _PyInterpreterFrame instead
- * -- an identity, never dereferenced -- and the delivery hook, in the
- * thread, compares it with the f_frame field of the frame objects it walks
- * (made then, at delivery).  Private fields read: PyThreadState.cframe->
- * current_frame (3.11, 3.12) / current_frame (3.13, 3.14), and f_frame, the
- * third field of struct _frame (internal/pycore_frame.h) on 3.11-3.14 alike,
- * mirrored by tc_frame_head.  A live frame's object points at its stack
- * data; a finished one's at its own copy, so a stale address never
- * matches.  Later versions make the frame object at entry instead (always
- * correct, slower).  3.13 keeps the frame object anyway (TC_TRACK_FRAMES). */
+ * For the accelerator frame_address (accel_frame_address.c says what it
+ * does, and what the core does without it): the address of the thread's
+ * current _PyInterpreterFrame, and a frame object's f_frame, to compare it
+ * with.  Private fields read: PyThreadState.cframe->current_frame (3.11,
+ * 3.12) / current_frame (3.13, 3.14), and f_frame, the third field of
+ * struct _frame (internal/pycore_frame.h) on 3.11-3.14 alike, mirrored by
+ * tc_frame_head; checked at import (tc_gil_check.c: frame_address_check).
+ * Later versions are not mirrored: the core's frame object there. */
 #if PY_VERSION_HEX < 0x030F0000
 #define TC_IFRAME_ID 1
 struct tc_frame_head {

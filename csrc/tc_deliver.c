@@ -136,17 +136,16 @@ static PyObject *frame_where(PyFrameObject *f)
     return s;
 }
 
-/* Is `f` the frame whose with statement entered scope `sc` (tc_compat.h)? */
+/* Is `f` the frame whose with statement entered scope `sc` (its address:
+ * accel_frame_address.c; else its object, held)? */
 static int is_scope_frame(PyFrameObject *f, Scope *sc)
 {
-#if TC_IFRAME_ID
-    if (sc->owner != NULL) /* the wrapper returns, and another frame may take its
-                              address: its frame object, held, is the identity */
-        return (PyObject *)f == sc->frame;
-    return sc->iframe != NULL && tc_frame_iframe(f) == sc->iframe;
-#else
+    /* A wrapper scope (owner set) is known by its frame object, held: the
+     * wrapper returns, and another frame may take its address. */
+    int known = sc->owner == NULL ? frame_address_is(&sc->frame_address, f) : -1;
+    if (known >= 0)
+        return known;
     return sc->frame != NULL && (PyObject *)f == sc->frame;
-#endif
 }
 
 /* Is `f` the frame of the code that scope `sc` guards for a wrapper

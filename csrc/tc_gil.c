@@ -237,10 +237,10 @@ int tc_gil_drop_requested(void)
  * increment and decrement of a count that every thread running the same
  * code shares (a code object is owned by the thread that made it): on
  * every scope's entry, what stopped two threads' blocks from scaling.
- * There the field is read as CPython's own inline does; the import check
- * compares it with PyFrame_GetCode() (tc_gil_check.c: tstate_frame_agrees),
- * and a mismatch keeps the core from loading, as for the other thread-state
- * fields it reads. */
+ * There the field is read as CPython's own inline does.  Used by the
+ * accelerator frame_address alone, whose import check compares it with
+ * PyFrame_GetCode() (tc_gil_check.c: frame_address_check); a mismatch
+ * turns that accelerator off. */
 PyCodeObject *tc_iframe_code(void *iframe)
 {
     PyObject *code;

@@ -43,11 +43,8 @@
  * a debug or a free-threaded one -- lays it out otherwise):
  *   1. tc_find_tstate finds our own thread state by its address and id
  *      (public API only: a check of the lookup, not of a layout);
- *   2. the current interpreter frame (cframe->current_frame, 3.11 and 3.12;
- *      current_frame, 3.13+) is the one PyThreadState_GetFrame()'s frame
- *      object points at (f_frame, mirrored by tc_compat.h), and the code it
- *      runs (tc_iframe_code: _PyInterpreterFrame.f_code on 3.11) is
- *      PyFrame_GetCode()'s, whose fields the core reads (co_consts,
+ *   2. the fields of the code the thread runs (PyFrame_GetCode() of
+ *      PyThreadState_GetFrame()) that the core reads (co_consts,
  *      co_exceptiontable, co_flags, co_name, co_qualname, co_filename) are
  *      what its attributes return;
  *   3. the exception being raised (curexc_type, 3.11; current_exception,
@@ -60,15 +57,22 @@
  *      its tracing switches (cframe->use_tracing) follow PyEval_SetTrace --
  *      a probe tracer set and removed when the thread has none (sys.gettrace()
  *      and sys.getprofile() both None), else compared with sys.gettrace()
- *      and left alone.
- * Test hook: TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET=1 makes check 2 read
- * the current frame's address 64 bytes past its field (an address only
- * compared, never followed): it must be refused.
- * The core itself reads 2, 4 and, on 3.11, 5; a mismatch there keeps
- * the whole core from running (tc_accel.c: tc_accel_core_refused), and
- * timeoutcore._native refuses to load with the reason.  Only the
- * accelerator direct_delivery reads 3 (tstate_exceptions_check): a mismatch
- * turns it off.
+ *      and left alone;
+ *   6. the current interpreter frame (cframe->current_frame, 3.11 and 3.12;
+ *      current_frame, 3.14) is the one PyThreadState_GetFrame()'s frame
+ *      object points at (f_frame, mirrored by tc_compat.h), and the code it
+ *      runs (tc_iframe_code: _PyInterpreterFrame.f_code on 3.11) is
+ *      PyFrame_GetCode()'s.
+ * The core itself reads 2, 4 and, on 3.11, 5; a mismatch there keeps the
+ * whole core from running (tc_accel.c: tc_accel_core_refused), and
+ * timeoutcore._native refuses to load with the reason.  An accelerator
+ * alone reads 3 (direct_delivery: tstate_exceptions_check) and 6
+ * (frame_address: frame_address_check), each checked only where it is
+ * asked for: a mismatch turns that accelerator off.
+ * Test hooks, each reading a field 64 bytes past its place (an address only
+ * compared, never followed), which must be refused:
+ * TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET=1 for 4 (the core's), and
+ * TIMEOUTCORE_TEST_CORRUPT_FRAME_OFFSET=1 for 6 (frame_address's).
  *
  * GIL held throughout; Python errors met on the way are cleared and count
  * as a failed check.
@@ -346,76 +350,52 @@ static int tstate_exceptions_agree(PyThreadState *t, PyObject *probe, char *why,
     return 1;
 }
 
-/* Check 2's second half: the fields of PyCodeObject the core reads (safe
- * delivery's rules, tc_compat.h and tc_guarded.c; a frame's place in
- * messages, tc_deliver.c) are the objects its attributes return. */
-static int code_fields_agree(PyCodeObject *code, char *why, size_t n)
+/* Check 2: the fields of PyCodeObject the core reads (safe delivery's
+ * rules, tc_compat.h and tc_guarded.c; a frame's place in messages,
+ * tc_deliver.c) are the objects its attributes return -- those of the code
+ * the importing thread runs. */
+static int tstate_code_agrees(PyThreadState *t, char *why, size_t n)
 {
     static const char *const names[] = {"co_consts", "co_exceptiontable", "co_name",
                                         "co_qualname", "co_filename"};
-    PyObject *const fields[] = {code->co_consts, code->co_exceptiontable, code->co_name,
-                                code->co_qualname, code->co_filename};
-    PyObject *flags = PyObject_GetAttrString((PyObject *)code, "co_flags");
-    int ok = flags != NULL && PyLong_Check(flags) && PyLong_AsLong(flags) == code->co_flags;
-    Py_XDECREF(flags);
-    if (!ok)
-        return check_fail(why, n, "the code object's co_flags is not its attribute's");
-    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
-        PyObject *attr = PyObject_GetAttrString((PyObject *)code, names[i]);
-        ok = attr != NULL && attr == fields[i];
-        Py_XDECREF(attr);
-        if (!ok)
-            return check_fail(why, n, "the code object's %s is not its attribute's", names[i]);
-    }
-    return 1;
-}
-
-#if TC_IFRAME_ID
-/* Check 2's field, read as tc_current_iframe does, or with the test hook 64
- * bytes past it: 3.11 and 3.12 keep it in the eval loop's _PyCFrame, on the
- * C stack, whose older part lies past it. */
-static void *current_iframe_checked(PyThreadState *t)
-{
-    const char *corrupt = getenv("TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET");
-    void *cur;
-    if (corrupt == NULL || strcmp(corrupt, "1") != 0)
-        return tc_current_iframe(t);
-#if PY_VERSION_HEX < 0x030D0000
-    if (t->cframe == NULL)
-        return NULL;
-    memcpy(&cur, (const char *)&t->cframe->current_frame + 64, sizeof(cur));
-#else
-    memcpy(&cur, (const char *)&t->current_frame + 64, sizeof(cur));
-#endif
-    return cur;
-}
-#endif
-
-/* Check 2: the current interpreter frame and its code. */
-static int tstate_frame_agrees(PyThreadState *t, char *why, size_t n)
-{
     PyFrameObject *f = PyThreadState_GetFrame(t); /* new reference */
     PyCodeObject *code;
-    const char *wrong = NULL;
+    int ok;
     if (f == NULL)
         return check_fail(why, n, "the thread state: no Python frame to compare with");
     code = PyFrame_GetCode(f);
-#if TC_IFRAME_ID
-    void *cur = current_iframe_checked(t);
-    if (cur == NULL || tc_frame_iframe(f) != cur)
-        wrong = "the thread state's current frame is not the one PyThreadState_GetFrame() shows";
-    else if (tc_iframe_code(cur) != code)
-        wrong = "the current interpreter frame's code is not PyFrame_GetCode()'s";
-#else
-    (void)t;
-#endif
     Py_DECREF(f);
-    if (wrong == NULL && !code_fields_agree(code, why, n))
-        wrong = ""; /* `why` says it */
+    PyObject *const fields[] = {code->co_consts, code->co_exceptiontable, code->co_name,
+                                code->co_qualname, code->co_filename};
+    PyObject *flags = PyObject_GetAttrString((PyObject *)code, "co_flags");
+    ok = flags != NULL && PyLong_Check(flags) && PyLong_AsLong(flags) == code->co_flags;
+    Py_XDECREF(flags);
+    for (size_t i = 0; ok && i < sizeof(names) / sizeof(names[0]); i++) {
+        PyObject *attr = PyObject_GetAttrString((PyObject *)code, names[i]);
+        ok = attr != NULL && attr == fields[i];
+        Py_XDECREF(attr);
+        if (!ok) {
+            Py_DECREF(code);
+            return check_fail(why, n, "the code object's %s is not its attribute's", names[i]);
+        }
+    }
     Py_DECREF(code);
-    if (wrong != NULL && wrong[0] != '\0')
-        return check_fail(why, n, "%s", wrong);
-    return wrong == NULL;
+    return ok ? 1 : check_fail(why, n, "the code object's co_flags is not its attribute's");
+}
+
+/* Check 4's field, read as tc_async_exc_waiting does, or with the test hook
+ * 64 bytes off it (past it where the struct goes on that far, else before
+ * it): still inside the thread state. */
+static int async_exc_waiting_checked(PyThreadState *t)
+{
+    const char *corrupt = getenv("TIMEOUTCORE_TEST_CORRUPT_TSTATE_OFFSET");
+    const char *field = (const char *)&t->async_exc;
+    void *v;
+    if (corrupt == NULL || strcmp(corrupt, "1") != 0)
+        return tc_async_exc_waiting(t);
+    field += offsetof(PyThreadState, async_exc) + 64 + sizeof(v) <= sizeof(PyThreadState) ? 64 : -64;
+    memcpy(&v, field, sizeof(v));
+    return v != NULL;
 }
 
 /* Check 4: async_exc follows PyThreadState_SetAsyncExc, and is empty again
@@ -429,12 +409,13 @@ static int tstate_async_exc_agrees(PyThreadState *t, PyObject *probe, char *why,
 {
     unsigned long me = PyThread_get_thread_ident();
     PyObject *globals, *r = NULL;
-    int before = tc_async_exc_waiting(t), during, raised = 0, after, gc_was;
+    int before = async_exc_waiting_checked(t), during, raised = 0, after, gc_was;
     if (before)
-        return check_fail(why, n, "the thread state: an asynchronous exception was waiting");
+        return check_fail(why, n, "the thread state's async_exc shows an asynchronous "
+                          "exception before any was sent");
     if (PyThreadState_SetAsyncExc(me, probe) != 1)
         return check_fail(why, n, "the thread state: PyThreadState_SetAsyncExc found no thread");
-    during = tc_async_exc_waiting(t);
+    during = async_exc_waiting_checked(t);
     gc_was = PyGC_Disable();
     PyThreadState_EnterTracing(t);
     if ((globals = PyDict_New()) != NULL) {
@@ -451,7 +432,7 @@ static int tstate_async_exc_agrees(PyThreadState *t, PyObject *probe, char *why,
     Py_XDECREF(r);
     if (!raised) /* still there (or never set): not left behind for later code */
         (void)PyThreadState_SetAsyncExc(me, NULL);
-    after = tc_async_exc_waiting(t);
+    after = async_exc_waiting_checked(t);
     if (!during || !raised || after)
         return check_fail(why, n, "the thread state's async_exc does not follow "
                           "PyThreadState_SetAsyncExc");
@@ -470,9 +451,9 @@ static int tstate_lookup_agrees(PyThreadState *t, char *why, size_t n)
     return 1;
 }
 
-/* The thread-state checks above, in the importing thread, GIL held (free-
- * threaded: attached), no error set.  1 if all held, else 0 with the reason
- * in `why`. */
+/* The core's thread-state checks above (1, 2, 4, 5), in the importing
+ * thread, GIL held (free-threaded: attached), no error set.  1 if all held,
+ * else 0 with the reason in `why`. */
 static int tstate_check(char *why, size_t n)
 {
     PyThreadState *t = PyThreadState_Get();
@@ -480,7 +461,7 @@ static int tstate_check(char *why, size_t n)
     int ok;
     if (PyErr_Occurred())
         return check_fail(why, n, "the thread state: an error was already set");
-    if (!tstate_frame_agrees(t, why, n) || !tstate_lookup_agrees(t, why, n))
+    if (!tstate_code_agrees(t, why, n) || !tstate_lookup_agrees(t, why, n))
         return 0;
     probe = PyErr_NewException("timeoutcore._ImportCheckProbe", NULL, NULL);
     if (probe == NULL)
@@ -505,6 +486,55 @@ static int tstate_exceptions_check(char *why, size_t n)
     ok = tstate_exceptions_agree(PyThreadState_Get(), probe, why, n);
     Py_DECREF(probe);
     return ok;
+}
+
+#if TC_IFRAME_ID
+/* Check 6's field, read as tc_current_iframe does, or with the test hook 64
+ * bytes past it: 3.11 and 3.12 keep it in the eval loop's _PyCFrame, on the
+ * C stack, whose older part lies past it. */
+static void *current_iframe_checked(PyThreadState *t)
+{
+    const char *corrupt = getenv("TIMEOUTCORE_TEST_CORRUPT_FRAME_OFFSET");
+    void *cur;
+    if (corrupt == NULL || strcmp(corrupt, "1") != 0)
+        return tc_current_iframe(t);
+#if PY_VERSION_HEX < 0x030D0000
+    if (t->cframe == NULL)
+        return NULL;
+    memcpy(&cur, (const char *)&t->cframe->current_frame + 64, sizeof(cur));
+#else
+    memcpy(&cur, (const char *)&t->current_frame + 64, sizeof(cur));
+#endif
+    return cur;
+}
+#endif
+
+/* Check 6 alone, for the accelerator frame_address (accel_frame_address.c),
+ * where this build has it, in the importing thread, GIL held: its
+ * current-frame address and the code it runs, against the frame object and
+ * code public API gives.  1 if it held, else 0 with the reason in `why`. */
+static int frame_address_check(char *why, size_t n)
+{
+#if TC_IFRAME_ID
+    PyThreadState *t = PyThreadState_Get();
+    PyFrameObject *f = PyThreadState_GetFrame(t); /* new reference */
+    PyCodeObject *code;
+    const char *wrong = NULL;
+    void *cur;
+    if (f == NULL)
+        return check_fail(why, n, "the thread state: no Python frame to compare with");
+    code = PyFrame_GetCode(f);
+    cur = current_iframe_checked(t);
+    if (cur == NULL || tc_frame_iframe(f) != cur)
+        wrong = "the thread state's current frame is not the one PyThreadState_GetFrame() shows";
+    else if (tc_iframe_code(cur) != code)
+        wrong = "the current interpreter frame's code is not PyFrame_GetCode()'s";
+    Py_DECREF(code);
+    Py_DECREF(f);
+    return wrong == NULL ? 1 : check_fail(why, n, "%s", wrong);
+#else
+    return check_fail(why, n, "no interpreter frame layout for this CPython");
+#endif
 }
 
 #endif /* Py_BUILD_CORE */

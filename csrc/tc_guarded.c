@@ -26,9 +26,9 @@
  * frame (no handler of its own covers the instruction: the wrapper's
  * __enter__ after the scope's entry), which counts as protected: raised
  * there, the interrupt would escape the with statement that never started.
- * Only the entry of a scope entered by such code makes frame objects; the
- * look itself is one pointer read and four compares (tc_gil.c:
- * tc_iframe_code).
+ * The look is the entering frame's code (its object's, or with the
+ * accelerator frame_address its address's) and four compares; only the
+ * entry of a scope entered by such code walks frame objects outward.
  *
  * Exits, entries and finalizers.  Code named __exit__, __aexit__,
  * __enter__, __aenter__ or __del__ is protected wherever it lives: an exit
@@ -130,7 +130,7 @@ static int frame_enters(PyFrameObject *f)
 /* Scope `sc` is being entered by a wrapper (GIL held, the entering thread):
  * record its owner, the first frame outward that is no wrapper, and the
  * wrapper's frame object: once the wrapper has returned, the address that
- * identifies a scope's frame elsewhere (tc_compat.h: TC_IFRAME_ID) may be
+ * identifies a scope's frame elsewhere (accel_frame_address.c) may be
  * another frame's, so a wrapper scope's frame is known by its object.
  * None found (the wrapper is the thread's outermost frame): no owner. */
 static void scope_find_owner(Scope *sc)

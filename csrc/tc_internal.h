@@ -248,12 +248,11 @@ typedef struct Scope {
     PyObject *hook;        /* hook(scope, "enter"|"exit", exc) or NULL     */
     PyObject *exit_exc;    /* the exception the block ended with, or NULL  */
     PyObject *frame;       /* frame object of the with statement, while
-                              active: on 3.13 how stale scopes are found;
-                              where TC_IFRAME_ID is 0, or for a wrapper
-                              scope (owner set), the bound of the
-                              protected-code check                        */
-    void *iframe;          /* TC_IFRAME_ID: its _PyInterpreterFrame address,
-                              the bound of the check (never dereferenced) */
+                              active: the bound of the protected-code
+                              check, and on 3.13 how stale scopes are
+                              found; NULL where frame_address knows the
+                              frame (but for a wrapper scope: owner set)  */
+    struct frame_address_scope frame_address; /* accelerator frame_address's */
     PyObject *owner;       /* entered by a wrapper (tc_guarded.c: wrapper
                               scopes): frame object of the code the wrapper
                               guards, while active; else NULL            */

@@ -257,20 +257,15 @@ static PyObject *scope_enter(PyObject *self, const scope_args *a, int64_t now)
         return NULL;
     self_fire_on_enter(s); /* free-threaded: its trigger for this deadline */
     PyThreadState *me = PyThreadState_Get();
-    (void)me; /* unused where neither below is built */
 #if !TC_FREE_THREADED /* there another thread's state is never looked up */
     slot_note_tstate(s, me); /* tc_internal.h */
 #endif
-#if TC_IFRAME_ID
-    sc->iframe = tc_current_iframe(me); /* tc_compat.h */
-    if (code_enters(tc_iframe_code(sc->iframe)))
-#else
-    if (frame_enters(PyEval_GetFrame()))
-#endif
-        scope_find_owner(sc); /* tc_deliver.c: wrapper scopes */
-#if TC_TRACK_FRAMES || !TC_IFRAME_ID
-    {
+    /* The with statement's frame: its address (accelerator), or else its
+     * object, made now if it has none (the core: public API). */
+    int enters = frame_address_enter(&sc->frame_address, me);
+    if (enters < 0) {
         PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+        enters = frame_enters(f);
 #if TC_TRACK_FRAMES
         if (s->top != NULL) {
             Py_XINCREF(f);
@@ -281,7 +276,8 @@ static PyObject *scope_enter(PyObject *self, const scope_args *a, int64_t now)
         Py_XINCREF(f);
         Py_XSETREF(sc->frame, (PyObject *)f);
     }
-#endif
+    if (enters)
+        scope_find_owner(sc); /* tc_guarded.c: wrapper scopes */
     if (s->top != NULL && atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL &&
         s->pending == NULL && PyErr_Occurred() == NULL) {
         /* An enclosing scope has fired and the body carried on (it swallowed
@@ -516,7 +512,7 @@ static PyObject *scope_exit(PyObject *self, const scope_args *a, int64_t now)
     /* raise_exceeded takes it; any other way out drops it (it holds the scope:
      * a cycle, until then) -- an exception has no finalizer */
     PyObject *prepared = prepare_take(sc);
-    sc->iframe = NULL;
+    frame_address_leave(&sc->frame_address);
     if (atomic_load(&s->prearmed) && s->pending == NULL) {
         /* ended before its deadline, or before the thread fired it: what
          * the watchdog armed ahead goes (tc_deliver.c: pre-armed slots) */

@@ -204,7 +204,7 @@ static void scope_forget(Scope *sc)
     Py_CLEAR(sc->frame); /* the stack still holds a reference: no finalizer */
     Py_CLEAR(sc->owner);
     prepare_drop(sc); /* it holds the scope: a cycle, else */
-    sc->iframe = NULL;
+    frame_address_leave(&sc->frame_address);
 }
 
 /* Drop every scope on the slot's stack (a previous owner's leftovers). */

@@ -12,6 +12,8 @@
  *                         kick
  *   tc_guarded.c          which code a scope guards (wrapper scopes), code
  *                         no interrupt may surface in
+ *   accel_frame_address.c  accelerator frame_address: the with
+ *                         statement's frame known by its address
  *   tc_deliver.c          safe delivery: the rule, protected code
  *   tc_hook_trace.c       the hook on 3.11: a per-thread tracer
  *   accel_sleeping_tracer.c  accelerator sleeping_tracer: 3.11's tracer
@@ -55,6 +57,7 @@
 #include "tc_accel.c"
 #include "tc_os.c"
 #include "tc_guarded.c"
+#include "accel_frame_address.c"
 #include "tc_deliver.c"
 #include "tc_hook_trace.c"
 #include "accel_sleeping_tracer.c"

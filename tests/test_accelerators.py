@@ -25,7 +25,7 @@ from conftest import FREE_THREADED, needs_gil
 
 NAMES = {
     "anticipation", "fast_window", "self_fire", "prearm", "sleeping_tracer",
-    "direct_delivery", "prepare", "placement", "rescue", "remote_relay",
+    "direct_delivery", "prepare", "placement", "rescue", "remote_relay", "frame_address",
 }
 #: the ones that read or write CPython internals (csrc/tc_accel.c)
 INTERNALS = {"fast_window", "self_fire", "direct_delivery"}

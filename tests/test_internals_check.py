@@ -119,22 +119,36 @@ def supported() -> set[str]:
                  "the switch interval read through the GIL state",
                  marks=pytest.mark.skipif(FREE_THREADED, reason="no GIL state to point at"),
                  id="gil"),
+    pytest.param("TIMEOUTCORE_TEST_CORRUPT_FRAME_OFFSET", {"frame_address"},
+                 "the thread state's current frame is not the one PyThreadState_GetFrame() "
+                 "shows",
+                 marks=pytest.mark.skipif(
+                     (timeoutcore.accelerators(explain=True)["frame_address"] or "").startswith(
+                         "unsupported"), reason="frame_address: not on this CPython"),
+                 id="frame"),
 ])
 def test_a_wrong_address_is_refused_said_and_logged(tmp_path: Path, hook: str,
                                                     users: set[str], reason: str) -> None:
     """The check points at a wrong address (the test hook): refused at its first read,
     exactly the accelerators that need that part are off, each says why at DEBUG, and one
-    WARNING says the check failed."""
+    WARNING says the check failed and which it turned off."""
     out = run_child(tmp_path, **{hook: "1"})
-    said = out["internals"]
-    assert said.startswith("failed its import check: " + reason), said
-    for name in users & supported():
-        assert out["why"][name] == said
+    said = "failed its import check: " + reason
+    off = users & supported()
+    assert off, "no accelerator this check is for is on here"
+    for name in off:
+        assert out["why"][name].startswith(said), out["why"][name]
+    said = out["why"][min(off)]
+    if users == GIL_USERS:  # the GIL state's check: also what internals_check() says
+        assert out["internals"] == said
+    else:
+        assert out["internals"] in ("passed", "not checked")
     for name in supported() - users:
         assert out["why"][name] is None, (name, out["why"][name])
     assert_one_debug_line_per_reason(out)
     (warning,) = logged(out, "WARNING")
     assert said in warning and "deadlines still work" in warning
+    assert f"so {', '.join(sorted(off, key=list(out['why']).index))} " in warning, warning
 
 
 def test_a_passed_check_logs_only_what_this_cpython_lacks(tmp_path: Path) -> None:
@@ -162,8 +176,8 @@ def _import_with_a_wrong_thread_state_offset(tmp_path: Path, engine: str,
                           timeout=120, cwd=tmp_path, env=environ)
 
 
-REFUSED = ("failed its import check: the thread state's current frame is not the one "
-           "PyThreadState_GetFrame() shows")
+#: the hook corrupts the read of async_exc (check 4), which the core itself makes
+REFUSED = "failed its import check: the thread state's async_exc "
 
 DEADLINE_ENDS = "import time, timeoutcore\n" + DEADLINE + "print(timeoutcore.ENGINE, ended)\n"
 

@@ -56,7 +56,8 @@ INTERRUPTS_RETRIED_CALLS = False
 
 #: The native core's latency accelerators (csrc/tc_accel.h): none of them exists here.
 _ACCELERATORS = ("anticipation", "fast_window", "self_fire", "prearm", "sleeping_tracer",
-                 "direct_delivery", "prepare", "placement", "rescue", "remote_relay")
+                 "direct_delivery", "prepare", "placement", "rescue", "remote_relay",
+                 "frame_address")
 
 
 @overload

@@ -177,14 +177,19 @@ _SWITCHED_OFF = "switched off by TIMEOUTCORE_ACCEL"
 def _log_accelerators() -> None:
     """At import: one DEBUG line per accelerator that is off for a reason other than
     TIMEOUTCORE_ACCEL (this CPython, a failed import check, a dependency), and one WARNING
-    if the import check of CPython internals failed -- a wheel meeting a CPython whose
-    internal layout differs from the one it was built against.
+    per import check of CPython internals that failed -- a wheel meeting a CPython whose
+    internal layout differs from the one it was built against -- naming the accelerators
+    it turned off.
 
     The DEBUG lines only where ``logging`` is already imported: a plain import must not load
     it (tests/test_layers.py), and without it no handler exists yet that could receive
-    them. The WARNING imports it: it must reach stderr even then (logging's last resort)."""
-    check = internals_check()
-    failed = check.startswith("failed")
+    them. A WARNING imports it: it must reach stderr even then (logging's last resort)."""
+    failed: dict[str, list[str]] = {}
+    if internals_check().startswith("failed"):  # also what safe delivery reads (gc.collecting)
+        failed[internals_check()] = []
+    for name, why in _ACCELERATORS.items():
+        if why is not None and why.startswith("failed its import check"):
+            failed.setdefault(why, []).append(name)
     if not failed and "logging" not in sys.modules:
         return
     import logging
@@ -193,12 +198,11 @@ def _log_accelerators() -> None:
     for name, why in _ACCELERATORS.items():
         if why is not None and why != _SWITCHED_OFF:
             log.debug("accelerator %s is off: %s", name, why)
-    if failed:
-        log.warning(
-            "the C core %s; the accelerators that use CPython internals are off: deadlines "
-            "still work, some land later (timeoutcore.accelerators(explain=True) says which)",
-            check,
-        )
+    for why, names in failed.items():
+        off = (f"so {', '.join(names)} {'is' if len(names) == 1 else 'are'} off" if names
+               else "so safe delivery does without the collector's state")
+        log.warning("the C core %s; %s: deadlines still work, some land later "
+                    "(timeoutcore.accelerators(explain=True) says why)", why, off)
 
 
 _log_accelerators()
