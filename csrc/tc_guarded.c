@@ -106,9 +106,10 @@ static int code_protected_by_name(PyCodeObject *code)
            n == g_names[TC_NAME_ENTER] || n == g_names[TC_NAME_AENTER];
 }
 
-/* Frame `f` (borrowed, or NULL) enters on its caller's behalf: its code
- * does, or it runs contextlib's machinery. */
-static int frame_enters(PyFrameObject *f)
+/* Frame `f` (borrowed, or NULL) runs code that enters on its caller's
+ * behalf (code_enters): the question a scope's entry asks of its own frame,
+ * which is entering code by name when it is a wrapper at all. */
+static int frame_code_enters(PyFrameObject *f)
 {
     PyCodeObject *code;
     int r;
@@ -117,7 +118,16 @@ static int frame_enters(PyFrameObject *f)
     code = PyFrame_GetCode(f);
     r = code_enters(code);
     Py_DECREF(code);
-    if (!r && g_contextlib != NULL) {
+    return r;
+}
+
+/* Frame `f` (borrowed, or NULL) enters on its caller's behalf: its code
+ * does, or it runs contextlib's machinery -- the question of the walk
+ * outward from a wrapper to its owner, past contextlib's helpers. */
+static int frame_enters(PyFrameObject *f)
+{
+    int r = frame_code_enters(f);
+    if (!r && f != NULL && g_contextlib != NULL) {
         PyObject *globals = PyFrame_GetGlobals(f);
         PyObject *name = globals != NULL ? PyDict_GetItemWithError(globals, g_name_key) : NULL;
         r = name != NULL && PyUnicode_Check(name) && PyUnicode_Compare(name, g_contextlib) == 0;

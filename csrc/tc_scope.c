@@ -265,7 +265,7 @@ static PyObject *scope_enter(PyObject *self, const scope_args *a, int64_t now)
     int enters = frame_address_enter(&sc->frame_address, me);
     if (enters < 0) {
         PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
-        enters = frame_enters(f);
+        enters = frame_code_enters(f); /* tc_guarded.c */
 #if TC_TRACK_FRAMES
         if (s->top != NULL) {
             Py_XINCREF(f);
