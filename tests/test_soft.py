@@ -253,6 +253,31 @@ def test_decorator_keeps_soft_settings() -> None:
     assert calls[0] is not calls[1]  # a fresh scope per call, each with the soft limit
 
 
+def test_a_soft_limit_due_before_its_block_is_entered_is_not_lost() -> None:
+    """The enter hook registers the soft limit before the scope stamps its entry. When the
+    hook takes longer than the soft limit (an observer here; the first hook of a process
+    imports and starts the soft timer), the timer finds the limit due and the scope not
+    entered yet: it must look again once it is, never drop it."""
+
+    class SlowEnter:
+        def on_enter(self, scope: Any) -> None:
+            time.sleep(0.1)  # the soft timer runs meanwhile, the limit long due
+
+        def on_exit(self, scope: Any) -> None:
+            pass
+
+    seen: list[float] = []
+    ran = threading.Event()
+
+    def on_soft(scope: Any) -> None:
+        seen.append(scope.elapsed())
+        ran.set()
+
+    with timeoutcore.thread_deadline(5, soft=0.01, on_soft=on_soft, observer=SlowEnter()):
+        assert ran.wait(4), "the soft limit never fired"
+    assert len(seen) == 1 and seen[0] >= 0.01, seen
+
+
 def test_the_first_soft_limit_of_a_process_never_fires_early(tmp_path: Any) -> None:
     """The soft timer is registered in the enter hook, before the scope stamps its entry;
     the first time that hook imports the timer and starts its thread (milliseconds), and

@@ -19,8 +19,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Per-scope state of the optional features; every engine's scope class declares them.
 EXTRA_SLOTS = ("_extras", "_soft", "_on_soft", "_soft_raise", "_soft_fired", "_cleanups",
-               "_result_log", "_observer", "_cancelled", "_soft_retry", "_cancel_reason",
-               "_children")
+               "_result_log", "_observer", "_cancelled", "_soft_retry", "_soft_entering",
+               "_cancel_reason", "_children")
 _EXTRA_KEYS = ("soft_limit", "soft", "on_soft", "soft_raise", "result_log", "observer")
 
 

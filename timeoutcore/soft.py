@@ -33,6 +33,9 @@ log = logging.getLogger("timeoutcore")
 OnSoft = Callable[[Any], Any]
 _RETRY_FIRST = 0.0005  # s: first retry of a soft exception the core refused (shielded)
 _RETRY_MAX = 0.02
+#: s: how long a scope registered by its enter hook may take to be entered before the soft
+#: timer stops looking (an entry that failed after the hook never comes)
+_ENTERING_MAX = 5.0
 
 
 class _SoftTimer:
@@ -69,6 +72,13 @@ class _SoftTimer:
                         _, _, scope = heapq.heappop(self._heap)
                         break
                     self._cond.wait(self._heap[0][0] - now if self._heap else None)
+            if scope.entered_at is None and scope.exited_at is None:
+                # Rule: the enter hook registers a block before the scope stamps its entry;
+                # a soft limit due before then (the first hook imports this module and
+                # starts this thread) finds it not yet active. Not active yet is not ended:
+                # look again shortly, else that block never gets its soft limit.
+                self._entering(scope)
+                continue
             if scope.active and not scope.expired():
                 due = scope.entered_at + scope._soft
                 if not getattr(scope, "_soft_fired", False) and due > time.monotonic():
@@ -80,6 +90,16 @@ class _SoftTimer:
                     self._deliver(scope)  # a retry: the block was shielded
                 else:
                     self._fire(scope)
+
+    def _entering(self, scope: Any) -> None:
+        """Look at a block that is being entered again in a moment (0.5 ms, doubling up to
+        20 ms), for at most _ENTERING_MAX seconds."""
+        now = time.monotonic()
+        since, delay = getattr(scope, "_soft_entering", (now, _RETRY_FIRST / 2))
+        if now - since < _ENTERING_MAX:
+            delay = min(2 * delay, _RETRY_MAX)
+            scope._soft_entering = (since, delay)
+            self.register(scope, now + delay)
 
     def _deliver(self, scope: Any) -> None:
         """Raise the soft exception in the block and wake its waits; while the block is
