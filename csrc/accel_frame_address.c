@@ -36,7 +36,8 @@
  * mirrored.
  *
  * State: per scope only (struct frame_address_scope, tc_accel.h), written
- * and read in the scope's own thread with the GIL (free-threaded: attached).
+ * by the scope's own thread and read by the delivery's stack walk, all with
+ * the GIL (free-threaded: attached, and only that thread walks its stack).
  */
 
 static const char *frame_address_unsupported(void)

@@ -442,8 +442,10 @@ static PyObject *prepare_peek(struct Scope *sc);
 
 /* -- frame_address (accel_frame_address.c) ----------------------------------
  * The with statement's frame known by its interpreter frame's address, not
- * by a frame object made at entry.  All three hooks: the scope's own
- * thread, GIL held (free-threaded: attached), no lock of ours needed. */
+ * by a frame object made at entry.  GIL held (free-threaded: attached), no
+ * lock of ours needed; enter and leave in the scope's own thread, is in
+ * the delivery's stack walk (the hook, in that thread; with a GIL also
+ * direct_delivery's deliverer, while that thread is paused). */
 
 /* Per scope: the address, while the block runs (NULL: not recorded). */
 struct frame_address_scope {
