@@ -20,14 +20,14 @@
  *     tripped on 3.11 and 3.12.
  *   - PyThreadState.c_tracefunc / c_traceobj (3.11): the delivery hook, with
  *     the GIL, to chain to and restore the thread's own tracer.
- *   - accelerator frame_address (3.11, 3.12, 3.14): PyThreadState.cframe->
- *     current_frame (3.11, 3.12) / .current_frame (3.14), and
+ *   - accelerator frame_address (3.11, 3.12, 3.14, 3.14t): PyThreadState.
+ *     cframe->current_frame (3.11, 3.12) / .current_frame (3.14), and
  *     PyFrameObject's f_frame: the scope, at entry, in its own thread, and
- *     the hook, to know the with statement's frame without making a frame
- *     object (an address compared, never dereferenced); that frame's code
- *     (3.11: f_code; 3.14t: f_executable, through CPython's inline;
- *     tc_gil.c: tc_iframe_code), read by the scope at entry, in its own
- *     thread.
+ *     the delivery's stack walk (with the GIL), to know the with
+ *     statement's frame without making a frame object (an address
+ *     compared, never dereferenced); that frame's code (3.11: f_code;
+ *     3.14t: f_executable, through CPython's inline; tc_gil.c:
+ *     tc_iframe_code), read by the scope at entry, in its own thread.
  *   - the GIL state's switch interval, mutex and condition variable (via
  *     tc_gil.c): the watchdog, without the GIL (see "the fast window" below);
  *     its `locked` and `last_holder` (3.12+), which the watchdog reads
