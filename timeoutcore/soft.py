@@ -72,11 +72,13 @@ class _SoftTimer:
                         _, _, scope = heapq.heappop(self._heap)
                         break
                     self._cond.wait(self._heap[0][0] - now if self._heap else None)
-            if scope.entered_at is None and scope.exited_at is None:
+            if not scope.active and scope.exited_at is None:
                 # Rule: the enter hook registers a block before the scope stamps its entry;
                 # a soft limit due before then (the first hook imports this module and
                 # starts this thread) finds it not yet active. Not active yet is not ended:
-                # look again shortly, else that block never gets its soft limit.
+                # look again shortly, else that block never gets its soft limit. (Free-
+                # threaded, the entry's stamp and its state may be seen apart: only an
+                # exit stamp says a block has ended.)
                 self._entering(scope)
                 continue
             if scope.active and not scope.expired():
