@@ -116,6 +116,12 @@ def test_except_exception_cannot_swallow_it(api: Any, where: Any) -> None:
 
 
 def test_swallowed_interrupt_is_raised_again(api: Any, where: Any) -> None:
+    """A body that swallows the interrupt gets it again, and the block ends with
+    DeadlineExceeded (were it not raised again, the last spin would never end). A re-sent
+    interrupt lands at the next safe place: mostly inside the spin, but one that comes
+    while the handler runs waits for it to end and lands on the loop's next line, outside
+    the ``try`` -- so the body swallows one to three."""
+
     def body() -> int:
         swallowed = 0
         with pytest.raises(DeadlineExceeded):
@@ -130,7 +136,7 @@ def test_swallowed_interrupt_is_raised_again(api: Any, where: Any) -> None:
                 spin_forever()
         return swallowed
 
-    assert where(body) == 3
+    assert 1 <= where(body) <= 3
 
 
 def _spin(seconds: float) -> int:
