@@ -181,6 +181,36 @@ def _catch(fn: Any) -> Any:
     return None
 
 
+def test_a_wait_does_not_end_early_when_its_soft_limit_falls_due_between_two_readings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A thread switch between a wait's reading of its stop time and its reading of the
+    clock can put the soft limit between the two. The wait must then raise the soft
+    exception, not return as if it were done: broken, it took the negative time left for
+    a passed deadline, found nothing to raise and returned after one step (a patched
+    Thread.join under soft_raise returned with the thread still running, about 1 in 3000
+    next to a busy thread and the collector)."""
+    from timeoutcore import _stop, blocking
+
+    steps: list[Any] = []
+
+    def step(t: Any) -> tuple[bool, str]:
+        steps.append(t)
+        return False, "returned early"
+
+    with timeoutcore.thread_deadline(30, soft=10, soft_raise=True) as scope:
+        soft_at = _stop.record().soft[scope]
+        # The first reading just before the soft limit, every later one just after it.
+        readings = iter([soft_at - 1e-3])
+        monkeypatch.setattr(_stop, "_monotonic", lambda: next(readings, soft_at + 1e-3))
+        try:
+            with pytest.raises(SoftDeadlineExceeded):
+                blocking.bounded_wait(step, None)
+        finally:
+            monkeypatch.undo()
+    assert steps == [], steps
+
+
 def test_soft_must_be_below_hard(api: Any) -> None:
     with pytest.raises(ValueError, match="less than"):
         api.thread_deadline(1, soft=1)

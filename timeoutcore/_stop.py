@@ -111,17 +111,36 @@ def stop_time() -> Optional[float]:
     owner: Optional[_Owner] = getattr(_local, "owner", None)
     if owner is None or not owner.rec.soft:
         return hard
-    now = _monotonic()
-    for when in owner.rec.soft.values():
-        if now < when < hard:
-            hard = when
-    return hard
+    return _earliest(owner.rec.soft, hard, _monotonic())
 
 
 def remaining() -> Optional[float]:
-    """Seconds until :func:`stop_time` (may be negative), ``None`` when unguarded."""
-    when = stop_time()
-    return None if when is None else when - _monotonic()
+    """Seconds until :func:`stop_time` (may be negative), ``None`` when unguarded.
+
+    Zero or less only when the hard deadline has passed (or a cancel came): a soft limit
+    counts only while it is ahead."""
+    hard = _current_deadline()
+    if hard is None:
+        return None
+    # Rule: one clock reading both decides which soft limits are still ahead and measures
+    # the time left. Read twice (stop_time(), then the clock again), a soft limit that fell
+    # due between the two readings made the time left negative although neither the hard
+    # deadline had passed nor had the soft exception been sent: a wait took that for "the
+    # stop has come", found nothing to raise, and returned early as if done (a Thread.join
+    # under soft_raise returned with the thread still running).
+    now = _monotonic()
+    owner: Optional[_Owner] = getattr(_local, "owner", None)
+    if owner is not None and owner.rec.soft:
+        hard = _earliest(owner.rec.soft, hard, now)
+    return hard - now
+
+
+def _earliest(soft: dict[Any, float], hard: float, now: float) -> float:
+    """The earliest of ``hard`` and the soft times still ahead of ``now``."""
+    for when in soft.values():
+        if now < when < hard:
+            hard = when
+    return hard
 
 
 def begin() -> None:
