@@ -264,32 +264,37 @@ static inline int tc_weakref_alive(PyObject *ref)
  * instruction offset (the destination is recomputed after next_instr was
  * cleared), so the exception leaves the frame past its handlers: on 3.12.1,
  * `with lock: with thread_deadline(...): while True: pass` let the raw
- * interrupt escape the scope's __exit__ every time.  There the JUMP
- * callback does not raise: having decided, it makes the interrupt an
- * asynchronous exception of its own thread, which INSTRUMENTED_JUMP_BACKWARD's
- * breaker check -- right after the callback -- raises at the jump, inside the
- * loop's handlers (tests/test_integrity.py).  3.13 has the same bug until
- * 3.13.15 (gh-152375), but there the breaker check comes before the callback,
- * so an asynchronous exception would wait for the next check -- after the
- * loop, if it ends, in whatever code runs then.  So on 3.13.0-3.13.14 the
- * JUMP callback does not raise either: having decided, it switches on
- * INSTRUCTION events for the frame's code object (our tool's local events,
- * nobody else's) and returns; the next instruction this thread runs is the
- * jump's target (nothing can run in between: no breaker check, no call), and
- * the INSTRUCTION callback there switches them off and raises, which
- * INSTRUMENTED_INSTRUCTION's error path attributes to that very instruction
- * -- the loop head, inside the loop's handlers (tc_hook_monitoring.c: mon_insn).
- * Before it, on 3.13.0, `with thread_deadline(0.005): while True: pass` on
- * one line let the raw interrupt escape every time (tests/test_integrity.py).  Decided by the running interpreter
+ * interrupt escape the scope's __exit__ every time.  3.13 has the same bug
+ * until 3.13.15 (gh-152375).  So there the JUMP callback does not raise:
+ * having decided, it switches on INSTRUCTION events for the frame's code
+ * object (our tool's local events, nobody else's) and returns; the
+ * INSTRUCTION callback at the jump's target switches them off and raises,
+ * which INSTRUMENTED_INSTRUCTION's error path attributes to that very
+ * instruction -- the loop head, inside the loop's handlers
+ * (tc_hook_monitoring.c: mon_insn).  On 3.13 nothing runs between the two
+ * (its breaker check comes before the callback); on 3.12 the jump's breaker
+ * check does, and the INSTRUCTION callback decides again.
+ * Rejected for 3.12: making the interrupt an asynchronous exception of the
+ * thread, for INSTRUMENTED_JUMP_BACKWARD's breaker check right after the
+ * callback to raise.  That check runs after the jump is taken, and CPython
+ * attributes its exception to the unit before the target (tc_back_edge_in_loop
+ * below): for a loop that is the first statement of a `try:` block, the
+ * try's NOP, outside every handler -- `with lock: with thread_deadline(...):
+ * try: while True: pass` let the raw interrupt escape the scope and leave the
+ * lock held every time, and a soft exception skipped the `except` around its
+ * loop (tests/test_integrity.py).  And that check runs a garbage collection
+ * the interpreter has scheduled before it looks at the asynchronous
+ * exception, so the exception could surface in a finalizer, where it is
+ * dropped.  Before it, on 3.13.0, `with thread_deadline(0.005): while True:
+ * pass` on one line let the raw interrupt escape every time
+ * (tests/test_integrity.py).  Decided by the running interpreter
  * (Py_Version): a wheel built against 3.13.15 may run on 3.13.0. */
-#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030D0000
-#define TC_JUMP_RAISE_BROKEN 1
-#else
-#define TC_JUMP_RAISE_BROKEN 0
-#endif
-#if PY_VERSION_HEX >= 0x030D0000 && PY_VERSION_HEX < 0x030E0000
+#if PY_VERSION_HEX >= 0x030C0000 && PY_VERSION_HEX < 0x030E0000
 #define TC_JUMP_DEFER_BUILD 1
-static inline int tc_jump_raise_deferred(void) { return Py_Version < 0x030D0FF0; }
+static inline int tc_jump_raise_deferred(void)
+{
+    return PY_VERSION_HEX < 0x030D0000 || Py_Version < 0x030D0FF0;
+}
 /* (Until that, 3.13 before 3.13.15 was not pre-armed: a thread firing its
  * own deadline does so at its first event past it, in a loop at a
  * back-edge's JUMP callback.) */

@@ -248,12 +248,10 @@ static int interrupt_in_flight_here(void)
 
 /* How deliver_here acts once it has decided to raise. */
 enum {
-    DELIVER_RAISE = 0,      /* raise here                                  */
-    DELIVER_ASYNC_SELF = 1, /* as an async exception of this thread (3.12) */
-    DELIVER_DECIDE = 2      /* only say so (3.13.0-3.13.14: mon_jump)      */
+    DELIVER_RAISE = 0, /* raise here                                         */
+    DELIVER_DECIDE = 1 /* only say so (3.12, 3.13.0-3.13.14: mon_jump)       */
 };
 static int deliver_here(tc_slot *s, int vetted, int mode);
-static void deliver_pending(tc_slot *s, int async_self);
 static void deliver_pending_here(tc_slot *s);
 static int slot_fire(tc_slot *s, int64_t now, int local); /* tc_slot.c */
 static int interrupt_held(tc_slot *s, int64_t now);       /* tc_slot.c */

@@ -21,8 +21,8 @@
  * raise position the caller has checked -- a loop's jump), with something
  * pending: raise it unless protected code is on the stack or the
  * instruction is no safe place (tc_compat.h).
- * Returns -1 with the exception set when it raised (DELIVER_ASYNC_SELF: 0,
- * the exception on its way; DELIVER_DECIDE: 1, nothing done), else 0. */
+ * Returns -1 with the exception set when it raised (DELIVER_DECIDE: 1,
+ * nothing done), else 0. */
 /* Is protected code on the stack from `cur` (a new reference, consumed) to
  * scope `scope`'s frame?  Then the delivery waits: the first wait is noted
  * (since when, and the outermost protected frame on `scope`). */
@@ -88,19 +88,14 @@ static int deliver_here(tc_slot *s, int vetted, int mode)
     if (mode == DELIVER_DECIDE)
         return 1;
     STAT_INC(hook_raises);
-    deliver_pending(s, mode == DELIVER_ASYNC_SELF);
-    return mode == DELIVER_ASYNC_SELF ? 0 : -1;
+    deliver_pending_here(s);
+    return -1;
 }
 
-/* In the owner thread, at an explicit raise point (checkpoint(), a wait's
- * step, a shield's exit): raise what is pending right here.  The caller
- * returns NULL. */
-static void deliver_pending_here(tc_slot *s) { deliver_pending(s, 0); }
-
-/* ... or, with `async_self`, as an asynchronous exception of this very
- * thread, which its eval loop raises at its next breaker check (3.12's JUMP
- * callback, see mon_jump). */
-static void deliver_pending(tc_slot *s, int async_self)
+/* In the owner thread, at a line boundary the hook judged safe or at an
+ * explicit raise point (checkpoint(), a wait's step, a shield's exit): raise
+ * what is pending right here.  The caller returns NULL. */
+static void deliver_pending_here(tc_slot *s)
 {
     PyObject *scope = s->pending_scope, *exc = s->pending;
     int64_t now = now_ns();
@@ -114,10 +109,7 @@ static void deliver_pending(tc_slot *s, int async_self)
         as_scope(scope)->delivered_at = now;
     }
     s->deferred_since = 0;
-    if (async_self)
-        (void)PyThreadState_SetAsyncExc(PyThread_get_thread_ident(), exc);
-    else
-        PyErr_SetNone(exc);
+    PyErr_SetNone(exc);
     Py_DECREF(exc);
 }
 

@@ -25,7 +25,7 @@ static long g_events;                /* LINE | JUMP (| PY_START)            */
 static _Atomic int g_armed;          /* threads with the hook armed         */
 
 #if TC_JUMP_DEFER_BUILD
-/* 3.13.0-3.13.14: raising at a jump's target (tc_compat.h: the JUMP bug).
+/* 3.12, 3.13.0-3.13.14: raising at a jump's target (tc_compat.h: the JUMP bug).
  * GIL held, the slot's own thread; a disarm may come from another. */
 static PyObject *g_set_local_events; /* sys.monitoring.set_local_events    */
 static long g_insn_event;            /* INSTRUCTION                         */
@@ -57,13 +57,13 @@ static void insn_off(tc_slot *s)
 
 /* In the JUMP callback, with something pending: decide, and if it is to be
  * raised, switch on INSTRUCTION events for `code` to raise at `to` (mon_insn).
- * Returns 1 if it took the delivery on (3.13.0-3.13.14), 0 if the caller
- * raises as usual. */
-static int jump_defer(tc_slot *s, PyObject *code, long to, int vetted)
+ * Returns 1 if it took the delivery on (3.12, 3.13.0-3.13.14), 0 if the
+ * caller raises as usual. */
+static int jump_defer(tc_slot *s, PyObject *code, long to)
 {
     if (!g_jump_defer)
         return 0;
-    if (deliver_here(s, vetted, DELIVER_DECIDE) == 1 && s->insn_code == NULL &&
+    if (deliver_here(s, 1, DELIVER_DECIDE) == 1 && s->insn_code == NULL &&
         insn_events(code, 1) == 0) {
         Py_INCREF(code);
         s->insn_code = code;
@@ -73,12 +73,11 @@ static int jump_defer(tc_slot *s, PyObject *code, long to, int vetted)
 }
 #else
 static inline void insn_off(tc_slot *s) { (void)s; }
-static inline int jump_defer(tc_slot *s, PyObject *code, long to, int vetted)
+static inline int jump_defer(tc_slot *s, PyObject *code, long to)
 {
     (void)s;
     (void)code;
     (void)to;
-    (void)vetted;
     return 0;
 }
 #endif
@@ -276,23 +275,23 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         Py_RETURN_NONE;
     }
-    /* An exception raised here is attributed to the jump's target (the loop
-     * head); a target that cannot raise may lie outside the handler of the
-     * loop's with/try (tc_compat.h) -- except in a loop that jumps to
-     * itself, whose jump is the only instruction it runs.  The jump itself
-     * is no measure: 3.13 leaves a loop's closing JUMP_BACKWARD out of the
-     * handlers' ranges (`with lock: while cond(): pass` on one line), and
-     * judged by it such a loop was never stopped (tests/test_integrity.py).
-     * 3.12 raises at the jump itself (TC_JUMP_RAISE_BROKEN): judged there. */
-    int vetted = to == from || !TC_JUMP_RAISE_BROKEN;
+    /* An exception raised for this jump is attributed to its target (the
+     * loop head): raised here, or on 3.12 and 3.13.0-3.13.14 at the target
+     * itself, from its INSTRUCTION event (tc_compat.h).  A target that cannot
+     * raise may lie outside the handler of the loop's with/try (tc_compat.h)
+     * -- except in a loop that jumps to itself, whose jump is the only
+     * instruction it runs.  The jump itself is no measure: 3.12 and 3.13
+     * leave a loop's closing JUMP_BACKWARD out of the handlers' ranges (`with
+     * lock: while cond(): pass` on one line), and judged by it such a loop
+     * was never stopped (tests/test_integrity.py). */
     if (to <= from) {
         PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
         if ((f != NULL && to != from && tc_uncovered_no_raise(f, (int)to)) || hook_core_busy(s))
             Py_RETURN_NONE;
         TC_CORE_BEGIN();
         prearm_fire(s);
-        if (s->pending != NULL && !jump_defer(s, args[0], to, vetted))
-            r = deliver_here(s, vetted, TC_JUMP_RAISE_BROKEN ? DELIVER_ASYNC_SELF : DELIVER_RAISE);
+        if (s->pending != NULL && !jump_defer(s, args[0], to))
+            r = deliver_here(s, 1, DELIVER_RAISE);
         TC_CORE_END();
         if (r < 0)
             return NULL;
@@ -301,8 +300,8 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 }
 
 #if TC_JUMP_DEFER_BUILD
-/* INSTRUCTION callback (code, offset), 3.13.0-3.13.14 only, switched on by
- * mon_jump for one instruction: the jump's target, where the interrupt it
+/* INSTRUCTION callback (code, offset), 3.12 and 3.13.0-3.13.14 only,
+ * switched on by mon_jump for one instruction: the jump's target, where the interrupt it
  * decided on is raised (tc_compat.h).  Any thread running that code calls
  * it meanwhile; only the slot's own thread acts. */
 static PyObject *mon_insn(PyObject *m, PyObject *const *args, Py_ssize_t nargs)

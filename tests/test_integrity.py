@@ -711,10 +711,9 @@ def _loop_with_lock(shape: str, lock: threading.Lock) -> str:
                                    "c-loop-lambda", "c-loop-function"])
 def test_a_loop_stopped_at_its_back_edge_runs_every_exit(shape: str) -> None:
     """3.12 mishandles an exception raised from a sys.monitoring JUMP callback (it left
-    the frame past the scope's __exit__); there the hook raises through the jump's own
-    eval-breaker check instead (csrc/tc_compat.h: TC_JUMP_RAISE_BROKEN). 3.13 before
-    3.13.15 has the same bug (gh-152375) with the check before the callback: there the
-    hook raises at the jump's target from an INSTRUCTION event (mon_insn). A loop on one
+    the frame past the scope's __exit__), and so does 3.13 before 3.13.15 (gh-152375):
+    there the hook raises at the jump's target from an INSTRUCTION event (csrc/tc_compat.h,
+    mon_insn). A loop on one
     line has no LINE event, so only the JUMP can stop it (3.13.0 before that: the raw
     interrupt escaped every time); and 3.13 leaves a one-line ``while cond: pass``'s closing
     jump out of the with's handler range, which must not keep the loop from being stopped
@@ -724,6 +723,58 @@ def test_a_loop_stopped_at_its_back_edge_runs_every_exit(shape: str) -> None:
     lock = threading.Lock()
     for _ in range(5):
         assert _loop_with_lock(shape, lock) == "stopped"
+        assert _free(lock)
+
+
+#: Loops that are the first statement of a ``try:`` block: the unit before the loop head is
+#: the try's NOP, outside every handler of the frame.
+TRY_LOOPS = {
+    "one-line-true": "while True: pass",
+    "one-line-call": "while True: time.monotonic()",
+    "while-true": "while True:\n    pass",
+    "while-cond": "while time.monotonic() - t0 < RUN_OUT:\n    pass",
+}
+
+_HARD_IN_TRY = """
+def run(lock, t0):
+    with lock:
+        with timeoutcore.thread_deadline(0.03):
+            try:
+{loop}
+            except ValueError:
+                pass
+"""
+
+def _in_try(template: str, shape: str) -> Callable[..., Any]:
+    """``run`` from ``template`` with the loop of ``shape`` written inline (in this module's
+    globals: the code counts as the test's own, not as protected code)."""
+    loop = "\n".join(" " * 16 + line for line in TRY_LOOPS[shape].splitlines())
+    scope: dict[str, Any] = {}
+    exec(template.format(loop=loop), globals(), scope)  # noqa: S102 - the test's own code
+    return scope["run"]  # type: ignore[no-any-return]
+
+
+def _outcome(fn: Callable[[], Any]) -> str:
+    t0 = time.monotonic()
+    try:
+        return str(fn())
+    except DeadlineExceeded:
+        return "stopped" if time.monotonic() - t0 < RUN_OUT / 2 else "stopped at its end"
+    except BaseException as exc:  # noqa: BLE001 - an escape past the handlers is the bug
+        return type(exc).__name__
+
+
+@pytest.mark.parametrize("shape", list(TRY_LOOPS))
+def test_a_loop_first_in_a_try_block_is_stopped_inside_its_handlers(shape: str) -> None:
+    """3.12 raises an exception from a taken jump's breaker check at the unit before the
+    jump's target: for a loop that starts a ``try:`` block, the try's NOP, outside every
+    handler of the frame. The hook raised there (an asynchronous exception of the thread
+    itself, for that check to raise): the raw interrupt escaped the scope and the ``with
+    lock`` on every one-line loop. Now it raises at the target itself (csrc/tc_compat.h)."""
+    run = _in_try(_HARD_IN_TRY, shape)
+    lock = threading.Lock()
+    for _ in range(3):
+        assert in_thread(lambda: _outcome(lambda: run(lock, time.monotonic()))) == "stopped"
         assert _free(lock)
 
 

@@ -32,9 +32,10 @@ The hook, per interpreter:
   is handled at a wrong offset (csrc/tc_compat.h: the frame is left past its handlers), so
   there the callback, having decided, switches on INSTRUCTION events for that code object
   (local events of our tool) and raises at the jump's target, the loop head, inside the
-  loop's handlers. (The native core's 3.12 answer, an asynchronous exception of the thread
-  itself raised by the jump's breaker check, is no answer in Python: the callback's own
-  bytecode has breaker checks, and the exception surfaced in the callback.)
+  loop's handlers, as the native core does. (An asynchronous exception of the thread itself,
+  for the jump's breaker check to raise, is no answer: in Python the callback's own bytecode
+  has breaker checks, and the exception surfaced in the callback; and 3.12 attributes it to
+  the unit before the loop head, outside a ``try:`` block that starts with the loop.)
 * 3.11: the thread's tracer, installed by the watchdog for that one thread
   (``_PyEval_SetTrace`` with CPython's own trampoline, whose address is read back from a
   probe and checked), plus ``f_trace`` set on the frames already on its stack. A raise from
@@ -582,7 +583,7 @@ class _Monitoring:
         self.tool = -1
         self.on = False
         self.lock = threading.Lock()  # events on/off; never held where an interrupt surfaces
-        self.insn: dict[int, tuple[types.CodeType, int]] = {}  # 3.13.0-3.13.14
+        self.insn: dict[int, tuple[types.CodeType, int]] = {}  # 3.12, 3.13.0-3.13.14
 
     def setup(self) -> bool:
         mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
@@ -654,7 +655,7 @@ def _on_jump(code: types.CodeType, src: int, dest: int) -> Any:
 
 
 def _on_instruction(code: types.CodeType, off: int) -> Any:
-    """3.13.0-3.13.14: the jump's target, where the interrupt decided at the jump is raised
+    """3.12, 3.13.0-3.13.14: the jump's target, where the interrupt decided at the jump is raised
     (attributed to that very instruction: the loop head, inside the loop's handlers)."""
     mon = _hook
     me = _get_ident()
