@@ -194,7 +194,8 @@ static void core_after(void)
 #endif
 
 /* The watchdog's backstop, at each re-injection time while a delivery is
- * still pending (GIL held, the thread paused).  It never raises: checking
+ * still pending, and _raise_in_scope's once it sent a soft exception, which
+ * the watchdog never re-sends (GIL held, the thread paused).  It never raises: checking
  * the stack from here and raising asynchronously decides nothing, because
  * the thread runs on (a C call that released the GIL returns) and meets the
  * asynchronous exception at its next eval-breaker check, often inside

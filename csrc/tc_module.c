@@ -317,6 +317,10 @@ static PyObject *raise_in_scope_locked(PyObject *scope, PyObject *exc)
     sc->soft_pending = 1;
     atomic_fetch_add(&s->raised, 1);
     slot_inject(s, exc, scope);
+    if (s != t_slot)
+        deliver_backstop(s); /* a loop without line events gets its opcode events now
+                                (3.11: `while True: pass`): the watchdog's backstop
+                                looks at fired slots only */
     Py_RETURN_TRUE;
 }
 TC_SCOPE_LOCKED_2(PyObject *, raise_in_scope, PyObject *)

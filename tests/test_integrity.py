@@ -745,6 +745,17 @@ def run(lock, t0):
                 pass
 """
 
+_SOFT_IN_TRY = """
+def run(t0):
+    with timeoutcore.thread_deadline(RUN_OUT, soft=0.03, soft_raise=True):
+        try:
+{loop}
+        except timeoutcore.SoftDeadlineExceeded:
+            return "caught"
+        return "ran out"
+"""
+
+
 def _in_try(template: str, shape: str) -> Callable[..., Any]:
     """``run`` from ``template`` with the loop of ``shape`` written inline (in this module's
     globals: the code counts as the test's own, not as protected code)."""
@@ -776,6 +787,19 @@ def test_a_loop_first_in_a_try_block_is_stopped_inside_its_handlers(shape: str) 
     for _ in range(3):
         assert in_thread(lambda: _outcome(lambda: run(lock, time.monotonic()))) == "stopped"
         assert _free(lock)
+
+
+@pytest.mark.parametrize("shape", list(TRY_LOOPS))
+def test_a_soft_exception_at_a_loops_back_edge_reaches_the_except_around_it(
+    shape: str,
+) -> None:
+    """The soft exception of a ``soft_raise`` scope, raised into a CPU loop, must reach the
+    ``except SoftDeadlineExceeded`` around the loop. Broken on 3.12 it escaped past it
+    (raised at the try's NOP, as above), and on 3.11 a loop that jumps to itself (``while
+    True: pass``: no line event) never got it at all -- the hard limit ended the block."""
+    run = _in_try(_SOFT_IN_TRY, shape)
+    for _ in range(3):
+        assert in_thread(lambda: _outcome(lambda: run(time.monotonic()))) == "caught"
 
 
 def test_the_scopes_exit_hook_runs_after_a_long_deferral() -> None:

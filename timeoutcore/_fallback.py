@@ -599,6 +599,10 @@ def _raise_in_scope(scope: Scope, exc: type) -> bool:
                 return False
             scope._soft_pending = True
             _wd.send(st, exc, scope)
+            if st.ident in _dl.pending and st.ident != threading.get_ident():
+                # Cover a loop without line boundaries at once (3.11: ``while True: pass``
+                # jumps to itself): the watchdog's backstop re-sends hard interrupts only.
+                _dl.nudge(st.ident, st.tstate)
             return True
         finally:
             _wd.firing = None
