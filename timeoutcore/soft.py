@@ -94,22 +94,22 @@ class _SoftTimer:
                     self._fire(scope)
 
     def _entering(self, scope: Any) -> None:
-        """Look at a block that is being entered again in a moment (0.5 ms, doubling up to
-        20 ms), for at most _ENTERING_MAX seconds."""
+        """Look at a block that is being entered again in a moment (_next_delay), for at
+        most _ENTERING_MAX seconds."""
         now = time.monotonic()
-        since, delay = getattr(scope, "_soft_entering", (now, _RETRY_FIRST / 2))
+        since, delay = getattr(scope, "_soft_entering", (now, None))
         if now - since < _ENTERING_MAX:
-            delay = min(2 * delay, _RETRY_MAX)
+            delay = _next_delay(delay)
             scope._soft_entering = (since, delay)
             self.register(scope, now + delay)
 
     def _deliver(self, scope: Any) -> None:
         """Raise the soft exception in the block and wake its waits; while the block is
-        shielded the core refuses, so try again shortly (0.5 ms, doubling up to 20 ms):
-        a shielded section holds the soft limit back as it holds the hard one."""
+        shielded the core refuses, so try again shortly (_next_delay): a shielded section
+        holds the soft limit back as it holds the hard one."""
         if _stop.deliver_soft(scope):
             return
-        delay = min(2 * getattr(scope, "_soft_retry", _RETRY_FIRST / 2), _RETRY_MAX)
+        delay = _next_delay(getattr(scope, "_soft_retry", None))
         scope._soft_retry = delay
         self.register(scope, time.monotonic() + delay)
 
@@ -134,6 +134,12 @@ class _SoftTimer:
 
     def _after_fork_in_child(self) -> None:
         self.__init__()  # type: ignore[misc]  # the threads did not survive the fork
+
+
+def _next_delay(previous: Optional[float]) -> float:
+    """The soft timer's next look at a scope it must look at again: 0.5 ms, then doubling
+    up to 20 ms."""
+    return _RETRY_FIRST if previous is None else min(2 * previous, _RETRY_MAX)
 
 
 def _call_on_soft(callback: OnSoft, scope: Any) -> None:
