@@ -195,13 +195,14 @@ static void core_after(void)
 
 /* The watchdog's backstop, at each re-injection time while a delivery is
  * still pending, and _raise_in_scope's once it sent a soft exception, which
- * the watchdog never re-sends (GIL held, the thread paused).  It never raises: checking
- * the stack from here and raising asynchronously decides nothing, because
- * the thread runs on (a C call that released the GIL returns) and meets the
- * asynchronous exception at its next eval-breaker check, often inside
- * protected code (on 3.11 it leaked Semaphore and handler locks in the
- * integrity hammer, tests/test_integrity.py; none without it).  It only makes sure the hook can
- * still see the thread (hook_nudge). */
+ * the watchdog never re-sends (GIL held, the thread paused).  It never
+ * raises: checking the stack from here and raising asynchronously decides
+ * nothing, because the thread runs on (a C call that released the GIL
+ * returns) and meets the asynchronous exception at its next eval-breaker
+ * check, often inside protected code (on 3.11 it leaked Semaphore and
+ * handler locks in the integrity hammer, tests/test_integrity.py; none
+ * without it).  It only makes sure the hook can still see the thread
+ * (hook_nudge). */
 static void deliver_backstop(tc_slot *s)
 {
     if (s->pending == NULL || !s->hooked)

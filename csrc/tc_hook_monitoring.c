@@ -301,8 +301,8 @@ static PyObject *mon_jump(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 
 #if TC_JUMP_DEFER_BUILD
 /* INSTRUCTION callback (code, offset), 3.12 and 3.13.0-3.13.14 only,
- * switched on by mon_jump for one instruction: the jump's target, where the interrupt it
- * decided on is raised (tc_compat.h).  Any thread running that code calls
+ * switched on by mon_jump for one instruction: the jump's target, where the
+ * interrupt it decided on is raised (tc_compat.h).  Any thread running that code calls
  * it meanwhile; only the slot's own thread acts. */
 static PyObject *mon_insn(PyObject *m, PyObject *const *args, Py_ssize_t nargs)
 {

@@ -31,7 +31,9 @@ from ._status import thread_name
 log = logging.getLogger("timeoutcore")
 
 OnSoft = Callable[[Any], Any]
-_RETRY_FIRST = 0.0005  # s: first retry of a soft exception the core refused (shielded)
+#: s: the soft timer's first and longest wait before it looks at a scope again (a soft
+#: exception the core refused while shielded, a block not entered yet): _next_delay
+_RETRY_FIRST = 0.0005
 _RETRY_MAX = 0.02
 #: s: how long a scope registered by its enter hook may take to be entered before the soft
 #: timer stops looking (an entry that failed after the hook never comes)
