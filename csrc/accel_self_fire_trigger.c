@@ -28,46 +28,68 @@
  * B, both made by the slot's thread at a block's entry (trigger_new):
  *   1. at the deadline the watchdog drops A (round_step);
  *   2. the thread deallocates A at its next check, pass P1 (round_a_here):
- *      it says so (ROUND_WAITING) and waits, bounded, while the watchdog
- *      drops B -- queued now, B is merged at the thread's next pass P2 --
- *      then sets its own asynchronous-exception bit, with no exception (an
- *      atomic or on its own breaker word: PyThreadState_SetAsyncExc would
- *      also drop an exception another library sent).  P1 took its copy
- *      before that: the bit is for P2, whose copy has both;
+ *      it queues B to itself -- _Py_DecRefShared, the path a drop by
+ *      another thread takes, puts B in its own merge queue and sets its own
+ *      merge bit: B is merged at its next pass P2 -- then sets its own
+ *      asynchronous-exception bit, with no exception (an atomic or on its
+ *      own breaker word: PyThreadState_SetAsyncExc would also drop an
+ *      exception another library sent).  P1 took its copy before that: the
+ *      bit is for P2, whose copy has both;
  *   3. at P2 the thread deallocates B (round_b_here): with its bit set, the
  *      decision runs -- at a loop's back-edge outside protected code it
  *      fires, sets the interrupt as its own asynchronous exception and
  *      clears the bit again; P2 then raises it at that instruction.
- *      Anywhere else it makes the next two and asks the watchdog for a new
- *      round at once (watch_at: now).
+ *      Anywhere else (a function's start, a call just returned) it starts
+ *      the next round itself: a new A queued to itself, which queues a new
+ *      B (round_restart).  The thread goes on deciding at its own checks,
+ *      with no watchdog, until it fires or the decision hands the deadline
+ *      to the hook (pc_fire_here counts its declines; protected code).
+ *      Its rounds take 3 checks and 2 in turn (A lets one check pass
+ *      first: `hops`): a loop whose checks alternate between a call's
+ *      return and its back-edge met a round of 2 at the call every time,
+ *      and ran on to the hook.  A B whose decision could not run (its bit
+ *      taken by another setter, an error set, the core's own region) asks
+ *      the watchdog for a new round instead (watch_at: now).
+ * Rejected: the watchdog dropping B as well, once the thread said A had
+ * arrived (A waiting for it, bounded).  Each round then needed the
+ * watchdog to run twice, and next to threads that keep every CPU busy the
+ * wake-up between was most of a deadline's lateness; a decision that did
+ * not fire cost two more.
  * Cleared, the bit keeps the interrupt from surfacing in anything that runs
  * between B's merge and P2's look (objects merged after B, a collection and
  * its finalizers): their own breaker checks no longer see it.
  *
  * Race analysis.  Rounds are numbered (the watchdog numbers A and B as it
- * starts one): an A or B of an earlier round does nothing, and B counts
- * only if its own round's A set the bit (`armed`).  That bit is set by the
- * thread itself, in A, after B is queued and before P2 starts -- nothing of
- * the thread runs between (A waits in C) -- so every pass that can merge B
- * (P2, or one nested in Python code P1 runs after A: a finalizer's) took
- * its copy after the bit was set: a B that finds its round armed and the
- * bit set is in a pass that will raise.  (Without the numbers, a B of a
- * round given up, still queued, was merged after a later round's A in the
- * same pass, found the bit set, and its interrupt waited for a pass that
- * never came: the import check hung one run in twenty.)  Other setters of
- * the bit (PyThreadState_SetAsyncExc from elsewhere, our exit's take-back)
- * may make P1 take it instead: B then finds it clear and asks again.  A that waits in vain (the watchdog not scheduled) gives up
- * (ROUND_IDLE; the bit unset); a B dropped later finds it clear.  A trigger
- * deallocated elsewhere -- in another thread (a collection merges every
- * thread's queue with the world stopped; the thread has exited), or in its
- * thread outside a breaker check (its exit, a collection it runs) -- only
- * ends the round; the watch hands the deadline to the core after
- * TC_WATCH_MAX_NS.  A trigger acts only for the thread and slot that made
- * it (a slot reused drops its old ones).  The interrupt, once set, is
- * raised by P2; the slot's async_pending has the scope's exit take it back
- * should it not surface.  The watchdog takes the triggers inside the core
- * lock and the slot's lock, the thread makes them inside either (tc_lock.h),
- * and B's deallocation decides inside the core lock, as the hook does.
+ * starts one, the thread a B it queues again): an A or B of an earlier
+ * round does nothing, and B counts only if its own round's A (or B before
+ * it) set the bit (`armed`).  That bit is set by the thread itself, after
+ * B is queued and before P2 starts -- nothing of the thread runs between,
+ * the queueing is C code -- so every pass that can merge B (P2, or one
+ * nested in Python code P1 runs after A: a finalizer's) took its copy
+ * after the bit was set: a B that finds its round armed and the bit set is
+ * in a pass that will raise.  (Without the numbers, a B of a round given
+ * up, still queued, was merged after a later round's A in the same pass,
+ * found the bit set, and its interrupt waited for a pass that never came:
+ * the import check hung one run in twenty.)  Should the queueing fail
+ * (CPython then merges B at once, in the queueing call), B runs before
+ * `armed` is set, finds its round unarmed and asks the watchdog again.
+ * Other setters of the bit (PyThreadState_SetAsyncExc from elsewhere, our
+ * exit's take-back) may make P1 take it instead: B then finds it clear and
+ * asks again.  The round's phase is never idle while the thread starts its
+ * own rounds, so the watchdog starts none meanwhile; it still looks at
+ * a thread whose round is under way, and hands the deadline to the core if
+ * the thread went to sleep (a system call, a lock) with a B queued, which
+ * only its next check would merge.  A trigger deallocated elsewhere -- in
+ * another thread (a collection merges every thread's queue with the world
+ * stopped; the thread has exited), or in its thread outside a breaker
+ * check (its exit, a collection it runs) -- only ends the round; the watch
+ * hands the deadline to the core after TC_WATCH_MAX_NS.  A trigger acts
+ * only for the thread and slot that made it (a slot reused drops its old
+ * ones).  The interrupt, once set, is raised by P2; the slot's
+ * async_pending has the scope's exit take it back should it not surface.
+ * The watchdog takes the triggers inside the core lock and the slot's
+ * lock, the thread makes them inside either (tc_lock.h), and B's
+ * deallocation decides inside the core lock, as the hook does.
  *
  * The import check (trigger_check) confirms all of it on this interpreter
  * before self_fire is on: the bit PyThreadState_SetAsyncExc sets, and whole
@@ -80,11 +102,9 @@
 #include <fcntl.h>
 
 enum {
-    ROUND_IDLE = 0,     /* no round (the thread may ask for one)           */
-    ROUND_SENT_A = 1,   /* the watchdog dropped A                          */
-    ROUND_WAITING = 2,  /* A arrived: the thread waits for B               */
-    ROUND_DROPPING = 3, /* the watchdog is dropping B                      */
-    ROUND_SENT_B = 4,   /* B is queued: the thread sets its bit, returns   */
+    ROUND_IDLE = 0,   /* no round (the thread may ask for one)             */
+    ROUND_SENT_A = 1, /* the watchdog dropped A                            */
+    ROUND_SENT_B = 2, /* the thread queued a B to itself, for its next check */
 };
 
 typedef struct {
@@ -93,6 +113,7 @@ typedef struct {
     struct self_fire_round *round; /* the round it belongs to             */
     unsigned long ident;           /* the thread that made it             */
     int second;                    /* B                                   */
+    int hops;                      /* A: checks to let pass before B      */
     uint64_t no;                   /* its round (set by the dropping side) */
 } sf_trigger;
 
@@ -122,6 +143,7 @@ static PyObject *trigger_new(tc_slot *s, struct self_fire_round *rd, int second)
     t->round = rd;
     t->ident = PyThread_get_thread_ident();
     t->second = second;
+    t->hops = 0;
     t->no = 0;
     return (PyObject *)t;
 }
@@ -144,25 +166,15 @@ static void round_number(struct self_fire_round *rd, PyObject *a, PyObject *b)
     atomic_store(&rd->phase, ROUND_SENT_A);
 }
 
-/* The dropping side, detached: wait up to `max_ns` while the round is in
- * `phase`; returns the phase then. */
-static int round_wait(struct self_fire_round *rd, int phase, int64_t max_ns)
+/* The thread, attached, at a breaker check (A's, or a B's that goes on):
+ * queue B (its own, numbered `no`) to itself, then set its own bit for the
+ * pass that merges B (above).  The phase is ROUND_SENT_B. */
+static void round_send_b(struct self_fire_round *rd, PyObject *b, uint64_t no)
 {
-    int64_t until = now_ns() + max_ns;
-    int p;
-    while ((p = atomic_load(&rd->phase)) == phase && now_ns() < until)
-        cpu_relax();
-    return p;
-}
-
-/* The dropping side, detached, the round ROUND_DROPPING: drop B (`b`, taken
- * from the round by the caller).  ROUND_SENT_B unless B has been merged
- * already (its A gave up meanwhile: B ended the round). */
-static void round_drop_b(struct self_fire_round *rd, PyObject *b)
-{
-    int expected = ROUND_DROPPING;
-    trigger_drop(b);
-    (void)atomic_compare_exchange_strong(&rd->phase, &expected, ROUND_SENT_B);
+    ((sf_trigger *)b)->no = no;
+    _Py_DecRefShared(b); /* queued to this very thread (or, should that fail, merged now) */
+    atomic_store(&rd->armed, no);
+    tc_own_breaker_set(PyThreadState_Get(), g_trigger_bit);
 }
 
 /* The slot's thread, inside the core lock or its slot's lock: both
@@ -193,56 +205,49 @@ static void round_again(tc_slot *s)
     watch_now(s);
 }
 
-/* The import check's rounds: how many at most, for how long in all, and how
- * long its A waits for B (its helper, on a loaded machine, may wait for a
- * CPU far longer than the watchdog's short slice lets it). */
+/* The import check's rounds: how many at most, and for how long in all. */
 #define TC_PROBE_ROUNDS 64
 #define TC_PROBE_MAX_NS 2000000000LL
-#define TC_PROBE_WAIT_NS 20000000LL
 
-/* A, in its thread, during a pass P1 of its breaker check: wait for B to be
- * queued, then set the bit for P2 (above).  `s`: NULL for the check's. */
-static void round_a_here(tc_slot *s, struct self_fire_round *rd, uint64_t no)
+/* A, in its thread, during a pass P1 of its breaker check: queue the
+ * round's B for P2 (above).  `s`: NULL for the check's. */
+static void round_a_here(tc_slot *s, struct self_fire_round *rd, uint64_t no, int hops)
 {
     int expected = ROUND_SENT_A;
-    int64_t until = now_ns() + (s != NULL ? TC_TRIGGER_WAIT_NS : TC_PROBE_WAIT_NS);
+    PyObject *b;
     if (no != atomic_load(&rd->seq))
-        return; /* a round given up: nothing to wait for */
+        return; /* a round given up: nothing to do */
     if (tc_gc_collecting() || PyEval_GetFrame() == NULL) {
-        /* Merged by a collection this thread runs (the world is stopped: the
-         * watchdog could not drop B), or at its exit: the round ends, and
-         * the watch hands the deadline over -- no trigger is made here. */
+        /* Merged by a collection this thread runs (the world is stopped:
+         * its next check is no pass of ours), or at its exit: the round
+         * ends, and the watch hands the deadline over -- no trigger is
+         * made here. */
         if (atomic_compare_exchange_strong(&rd->phase, &expected, ROUND_IDLE) && s != NULL)
             wd_wake();
         return;
     }
-    if (!atomic_compare_exchange_strong(&rd->phase, &expected, ROUND_WAITING))
-        return;
-    if (s != NULL)
-        watch_now(s); /* to drop B now */
-    /* Bounded in every phase: the dropping side may itself wait -- to attach,
-     * behind a stop of the world that waits for this very thread. */
-    for (;;) {
-        if (atomic_load(&rd->phase) == ROUND_SENT_B) {
-            atomic_store(&rd->armed, no);
-            tc_own_breaker_set(PyThreadState_Get(), g_trigger_bit);
+    if (hops > 0 && atomic_load(&rd->phase) == ROUND_SENT_A) {
+        sf_trigger *next = (sf_trigger *)trigger_new(s, rd, 0);
+        if (next != NULL) { /* a check passed: the same A, one hop fewer */
+            next->no = no;
+            next->hops = hops - 1;
+            _Py_DecRefShared((PyObject *)next);
             return;
         }
-        if (now_ns() >= until) {
-            /* In vain: B, if it comes, finds its round unarmed and asks again. */
-            expected = ROUND_WAITING;
-            if (atomic_compare_exchange_strong(&rd->phase, &expected, ROUND_IDLE) && s != NULL)
-                round_again(s);
-            return;
-        }
-        cpu_relax();
     }
+    if (!atomic_compare_exchange_strong(&rd->phase, &expected, ROUND_SENT_B))
+        return; /* handed over meanwhile (round_asleep): B stays for the next round */
+    if ((b = atomic_exchange(&rd->b, NULL)) == NULL) {
+        atomic_store(&rd->phase, ROUND_IDLE); /* the slot was reused meanwhile */
+        return;
+    }
+    round_send_b(rd, b, no);
 }
 
-/* B, in its thread: 1 if its round's A set the bit, and the bit is still
- * set -- then the pass deallocating B raises an asynchronous exception set
- * now (above).  A B of an earlier round (given up, and merged with a later
- * round's A) never counts. */
+/* B, in its thread: 1 if its queueing set the bit (round_send_b), and the
+ * bit is still set -- then the pass deallocating B raises an asynchronous
+ * exception set now (above).  A B of an earlier round (given up, and
+ * merged with a later round's A) never counts. */
 static int round_b_armed(struct self_fire_round *rd, uint64_t no, PyThreadState *ts)
 {
     uint64_t armed = no;
@@ -261,18 +266,16 @@ static struct {
     PyObject *give_up;         /* set the usual way if none did         */
     int lasti;                 /* where it set it                       */
     _Atomic int looping;       /* the target is about to spin           */
-    _Atomic int bs;            /* Bs deallocated                        */
     _Atomic int raised;        /* one set `raise`                       */
     _Atomic int elsewhere;     /* one was deallocated in another thread */
 } g_probe;
 
-/* A probe B's deallocation. */
+/* A probe B's deallocation: the round is over once it decided (the helper
+ * then starts the next, or stops). */
 static void probe_b_here(uint64_t no)
 {
     PyThreadState *ts = PyThreadState_Get();
     PyFrameObject *f;
-    if (no == atomic_load(&g_probe.round.seq))
-        atomic_store(&g_probe.round.phase, ROUND_IDLE);
     if (round_b_armed(&g_probe.round, no, ts) && !atomic_load(&g_probe.raised) &&
         PyErr_Occurred() == NULL && (f = PyEval_GetFrame()) != NULL &&
         tc_breaker_back_edge(f) == 1) {
@@ -281,7 +284,8 @@ static void probe_b_here(uint64_t no)
         tc_own_breaker_clear(ts, g_trigger_bit);
         atomic_store(&g_probe.raised, 1);
     }
-    atomic_fetch_add(&g_probe.bs, 1);
+    if (no == atomic_load(&g_probe.round.seq))
+        atomic_store(&g_probe.round.phase, ROUND_IDLE);
 }
 
 /* The helper thread: the watchdog's part, round after round, until a B
@@ -297,19 +301,17 @@ static void *probe_helper(void *arg)
     for (int i = 0; i < TC_PROBE_ROUNDS && !atomic_load(&g_probe.raised) && now_ns() < until;
          i++) {
         struct self_fire_round *rd = &g_probe.round;
-        int bs = atomic_load(&g_probe.bs), expected = ROUND_WAITING;
         PyObject *a = g_probe.trig[i][0], *b = g_probe.trig[i][1];
         g_probe.trig[i][0] = g_probe.trig[i][1] = NULL;
+        atomic_store(&rd->b, b);
         round_number(rd, a, b);
         trigger_drop(a);
-        if (round_wait(rd, ROUND_SENT_A, until - now_ns()) == ROUND_WAITING &&
-            atomic_compare_exchange_strong(&rd->phase, &expected, ROUND_DROPPING)) {
-            round_drop_b(rd, b);
-            while (atomic_load(&g_probe.bs) == bs && now_ns() < until)
-                cpu_relax();
-        }
-        else {
-            atomic_store(&rd->phase, ROUND_IDLE);
+        /* Over when B is deallocated, or A anywhere but at a pass of its
+         * thread's: the phase is back to idle. */
+        while (atomic_load(&rd->phase) != ROUND_IDLE && now_ns() < until)
+            cpu_relax();
+        if ((b = atomic_exchange(&rd->b, NULL)) != NULL) {
+            ((sf_trigger *)b)->no = 0; /* never sent: its deallocation does nothing */
             trigger_drop(b);
         }
     }
@@ -440,8 +442,29 @@ static int trigger_check(char *why, size_t n)
 
 /* -- The self-fire's rounds ------------------------------------------------------ */
 
+/* B, in the slot's thread, the round to go on: the next round, A' queued to
+ * itself (above).  Not B' at once: this very pass, whose copy has the bit,
+ * clears it after the merge -- B' would find it clear.  0 if the triggers
+ * could not be made (the watchdog starts the round). */
+static int round_restart(struct self_fire_round *rd, tc_slot *s)
+{
+    PyObject *a = trigger_new(s, rd, 0), *b = a != NULL ? trigger_new(s, rd, 1) : NULL, *old;
+    if (b == NULL) {
+        Py_XDECREF(a); /* never numbered: its deallocation does nothing */
+        return 0;
+    }
+    if ((old = atomic_exchange(&rd->b, b)) != NULL) {
+        ((sf_trigger *)old)->no = 0; /* ours, never sent */
+        Py_DECREF(old);
+    }
+    round_number(rd, a, b);
+    ((sf_trigger *)a)->hops = (rd->restarts++ & 1) == 0; /* 3 checks, 2, 3, ... */
+    _Py_DecRefShared(a); /* queued to this very thread (or, should that fail, merged now) */
+    return 1;
+}
+
 /* B, in the slot's thread, at its breaker check P2 (or, rarely, its exit or
- * a collection it runs): decide, and raise here or ask again (above). */
+ * a collection it runs): decide, and raise here or go on (above). */
 static void round_b_here(tc_slot *s, uint64_t no)
 {
     PyThreadState *ts = PyThreadState_Get();
@@ -455,26 +478,28 @@ static void round_b_here(tc_slot *s, uint64_t no)
     int usable = live && PyErr_Occurred() == NULL && !core_held();
     if (no != atomic_load(&rd->seq))
         return; /* an earlier round's: that one is over */
-    atomic_store(&rd->phase, ROUND_IDLE);
     TC_CORE_BEGIN();
     if (bit && usable)
-        r = pc_fire_here(s, &again);
+        r = pc_fire_here(s, &again); /* bounded: its declines hand over to the hook */
     else
         again = live && atomic_load(&s->state) == SLOT_ARMED;
     if (r < 0) {
         raised = PyErr_GetRaisedException(); /* the interrupt: P2 raises it instead */
         s->async_pending = 1; /* taken back by the exit should it not surface */
     }
-    if (again)
-        trigger_make(s);
     TC_CORE_END();
     if (raised != NULL) {
+        atomic_store(&rd->phase, ROUND_IDLE);
         (void)PyThreadState_SetAsyncExc(PyThread_get_thread_ident(), (PyObject *)Py_TYPE(raised));
         tc_own_breaker_clear(ts, g_trigger_bit);
         Py_DECREF(raised);
+        return;
     }
-    else if (again)
-        watch_now(s);
+    if (again && bit && usable && round_restart(rd, s))
+        return;
+    atomic_store(&rd->phase, ROUND_IDLE);
+    if (again)
+        round_again(s); /* the watchdog starts the next round */
 }
 
 static void trigger_dealloc(PyObject *o)
@@ -483,7 +508,7 @@ static void trigger_dealloc(PyObject *o)
     tc_slot *s = t->slot;
     struct self_fire_round *rd = t->round;
     unsigned long ident = t->ident;
-    int second = t->second;
+    int second = t->second, t_hops = t->hops;
     uint64_t no = t->no;
     Py_TYPE(o)->tp_free(o);
     if (no == 0)
@@ -494,58 +519,48 @@ static void trigger_dealloc(PyObject *o)
             if (s != NULL)
                 wd_wake();
         }
-        if (s == NULL) {
+        if (s == NULL)
             atomic_fetch_add(&g_probe.elsewhere, 1);
-            atomic_fetch_add(&g_probe.bs, second); /* the helper waits for no B */
-        }
     }
     else if (!second)
-        round_a_here(s, rd, no);
+        round_a_here(s, rd, no, t_hops);
     else if (s == NULL)
         probe_b_here(no);
     else
         round_b_here(s, no);
 }
 
-/* The watchdog, detached, no lock, the slot due: start a round, or drop B
- * for a thread that waits for it.  1 if it did either or a round is under
- * way, 0 if the slot moved on (plan again), -1 if there are no triggers
- * (the usual way). */
+/* The watchdog, detached, no lock, the slot due: start a round.  1 if it
+ * did or a round is under way, 0 if the slot moved on (plan again), -1 if
+ * there are no triggers (the usual way). */
 static int round_step(tc_slot *s, uint64_t gen)
 {
     struct self_fire_round *rd = &s->self_fire.round;
-    PyObject *a = NULL, *b = NULL;
-    int expected = ROUND_WAITING, started = 0, moved = 0;
-    if (atomic_load(&rd->phase) == ROUND_IDLE) {
-        PyGILState_STATE g = PyGILState_Ensure();
-        TC_CORE_BEGIN_ON(s);
-        moved = !s->alive || atomic_load(&s->gen) != gen || atomic_load(&s->state) != SLOT_ARMED;
-        if (!moved && s->self_fire.trigger[0] != NULL &&
-            (atomic_load(&rd->b) != NULL || s->self_fire.trigger[1] != NULL)) {
-            a = s->self_fire.trigger[0];
-            s->self_fire.trigger[0] = NULL;
-            if (atomic_load(&rd->b) == NULL) { /* else a given-up round's, not dropped */
-                atomic_store(&rd->b, s->self_fire.trigger[1]);
-                s->self_fire.trigger[1] = NULL;
-            }
-            round_number(rd, a, atomic_load(&rd->b));
-            started = 1;
+    PyObject *a = NULL;
+    int started = 0, moved = 0;
+    PyGILState_STATE g;
+    if (atomic_load(&rd->phase) != ROUND_IDLE)
+        return 1;
+    g = PyGILState_Ensure();
+    TC_CORE_BEGIN_ON(s);
+    moved = !s->alive || atomic_load(&s->gen) != gen || atomic_load(&s->state) != SLOT_ARMED;
+    if (!moved && s->self_fire.trigger[0] != NULL &&
+        (atomic_load(&rd->b) != NULL || s->self_fire.trigger[1] != NULL)) {
+        a = s->self_fire.trigger[0];
+        s->self_fire.trigger[0] = NULL;
+        if (atomic_load(&rd->b) == NULL) { /* else a given-up round's, never sent */
+            atomic_store(&rd->b, s->self_fire.trigger[1]);
+            s->self_fire.trigger[1] = NULL;
         }
-        TC_CORE_END();
-        PyGILState_Release(g);
-        if (!started)
-            return moved ? 0 : -1;
-        trigger_drop(a);
-        STAT_INC(pending_calls);
-        (void)round_wait(rd, ROUND_SENT_A, TC_TRIGGER_MEET_NS);
+        round_number(rd, a, atomic_load(&rd->b));
+        started = 1;
     }
-    if (atomic_compare_exchange_strong(&rd->phase, &expected, ROUND_DROPPING)) {
-        /* No lock: the thread waits in A, and may hold the core lock there. */
-        if ((b = atomic_exchange(&rd->b, NULL)) != NULL)
-            round_drop_b(rd, b);
-        else
-            atomic_store(&rd->phase, ROUND_IDLE); /* the slot was reused meanwhile */
-    }
+    TC_CORE_END();
+    PyGILState_Release(g);
+    if (!started)
+        return moved ? 0 : -1;
+    trigger_drop(a);
+    STAT_INC(pending_calls);
     return 1;
 }
 
@@ -588,10 +603,10 @@ static int round_asleep(tc_slot *s, int phase)
 
 /* The watch (self_fire_watch), detached: up to the deadline, nothing; from
  * it, a round whenever none is under way, and the kick once (a blocking
- * call knocked loose).  A round whose A waits for its thread's next check
- * is cut short only for a thread asleep (round_asleep).  The usual way when
- * rounds have gone on for TC_WATCH_MAX_NS without a decision, or with no
- * triggers. */
+ * call knocked loose).  A round whose trigger waits for its thread's next
+ * check is cut short only for a thread asleep (round_asleep).  The usual
+ * way when the watchdog's rounds have gone on for TC_WATCH_MAX_NS without a
+ * decision, or with no triggers. */
 static int trigger_watch(tc_slot *s, uint64_t gen, int64_t deadline)
 {
     int64_t now = now_ns();
@@ -603,8 +618,9 @@ static int trigger_watch(tc_slot *s, uint64_t gen, int64_t deadline)
     if (phase == ROUND_SENT_A || phase == ROUND_SENT_B) { /* its next check: A's, or B's */
         if (round_asleep(s, phase))
             goto hand_over;
-        /* Its arrival wakes us (round_a_here); a look meanwhile is a wake-up
-         * that may take the very CPU the thread waits for. */
+        /* The thread goes on by itself (round_b_here starts its next round):
+         * a look meanwhile is a wake-up that may take the very CPU the
+         * thread waits for, and is only for a thread gone to sleep. */
         return watch_again(s, gen, now + TC_WATCH_SLOW_NS);
     }
     if (phase == ROUND_IDLE && now - deadline >= TC_WATCH_MAX_NS)
@@ -659,7 +675,11 @@ static void self_fire_slot_reuse(tc_slot *s)
     /* its maker's: deallocated here, doing nothing */
     Py_CLEAR(s->self_fire.trigger[0]);
     Py_CLEAR(s->self_fire.trigger[1]);
-    Py_XDECREF(atomic_exchange(&s->self_fire.round.b, NULL));
+    PyObject *b = atomic_exchange(&s->self_fire.round.b, NULL);
+    if (b != NULL) {
+        ((sf_trigger *)b)->no = 0; /* a round given up numbered it: it does nothing now */
+        Py_DECREF(b);
+    }
     atomic_store(&s->self_fire.round.phase, ROUND_IDLE);
 #else
     (void)s;

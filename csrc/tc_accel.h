@@ -337,6 +337,8 @@ struct self_fire_round {
     _Atomic uint64_t armed;      /* the round whose A set the bit (0: none) */
     PyObject *_Atomic b;         /* the second, once the watchdog has it
                                     (taken by an exchange: no lock)        */
+    unsigned restarts;           /* the thread's own rounds (its parity
+                                    picks their length), owner thread only */
 };
 
 struct self_fire_slot {

@@ -179,14 +179,6 @@
  * as declines instead, such a loop waited for all of them.  Bench:
  * bench_accelerators.py case: quiet (3.12). */
 #define TC_PC_SAME_NS 100000LL              /* 100 us                        */
-/* Free-threaded rounds (accel_self_fire_trigger.c): the watchdog, having
- * dropped A, spins up to TC_TRIGGER_MEET_NS for it to arrive, so that B
- * follows without a wake-up; A, arrived, waits up to TC_TRIGGER_WAIT_NS for
- * B (a watchdog that stopped spinning is woken, and must get a CPU) before
- * the round is given up.  Bench: bench_accelerators.py cases quiet, hogs3
- * (3.14t). */
-#define TC_TRIGGER_MEET_NS 50000LL          /* 50 us                         */
-#define TC_TRIGGER_WAIT_NS 1000000LL        /* 1 ms                          */
 
 /* -- prepare -------------------------------------------------------------------- */
 

@@ -1,8 +1,8 @@
 """The self-fire (csrc/accel_self_fire.c; 3.12+): a thread fires its deadline itself, at
 its own eval-breaker check. With a GIL (wd_watch, pc_fire) a thread that holds the GIL at
 its deadline fires it through a pending call, and one off the GIL is left to fire it once
-back; free-threaded (csrc/accel_self_fire_trigger.c) the watchdog hands the thread a round
-of two trigger objects it owns, and no other thread is involved. Reads its counters;
+back; free-threaded (csrc/accel_self_fire_trigger.c) the watchdog hands the thread a
+trigger object it owns, which starts the thread's own rounds: no other thread is involved. Reads its counters;
 skipped where it is off (3.11 runs pending calls in the main thread only)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -206,9 +207,10 @@ def _spin_in_block(seconds: float) -> None:
 @free_threaded
 def test_a_spinning_thread_is_stopped_by_its_own_round_of_triggers() -> None:
     """Free-threaded: a thread spinning at its deadline is stopped by a round of its own
-    triggers -- the watchdog drops two objects the thread made, the thread deallocates
-    them at its next eval-breaker checks and raises at its loop's back-edge -- without the
-    hook, whose events would slow every thread. A trial the OS did not run for a while
+    triggers -- the watchdog drops an object the thread made, the thread deallocates it at
+    its next eval-breaker check and queues a second one to itself, deallocated at the check
+    after, where it raises at its loop's back-edge -- without the hook, whose events would
+    slow every thread. A trial the OS did not run for a while
     (a loaded machine) may be handed to the hook: the trials go on until enough were the
     triggers'."""
     before, trials = stats(), 0
@@ -227,6 +229,26 @@ def test_a_spinning_thread_is_stopped_by_its_own_round_of_triggers() -> None:
     assert after["hook_raises"] - before["hook_raises"] < trials / 2, (trials, before, after)
     assert after["pending_calls"] - before["pending_calls"] >= 10
     assert after["hooked_now"] == 0
+
+
+@free_threaded
+def test_a_loop_that_calls_a_function_every_turn_is_stopped_by_its_own_rounds() -> None:
+    """Free-threaded: a loop whose breaker checks alternate between a call's return and
+    its back-edge. A round that declines at the call starts the next one itself, and the
+    thread's rounds take 3 checks and 2 in turn: one of them meets the back-edge. (Rounds
+    of 2 checks met the call every time in about 1 trial of 3, which ran on to the hook.)
+    A trial the OS did not run for a while may still be handed to the hook."""
+    before, trials = stats(), 40
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        with pytest.raises(DeadlineExceeded):
+            with timeoutcore.thread_deadline(0.02):
+                while time.perf_counter() < t0 + 60.0:  # checks: the call's return, the jump
+                    pass
+    after = stats()
+    raises = after["pending_raises"] - before["pending_raises"]
+    assert raises >= trials - 4, (before, after)
+    assert after["hook_raises"] - before["hook_raises"] <= 4, (before, after)
 
 
 @free_threaded
