@@ -109,6 +109,8 @@ static void deliver_pending_here(tc_slot *s)
         as_scope(scope)->delivered_at = now;
     }
     s->deferred_since = 0;
+    if (exc != g_interrupt && scope != NULL && scope == s->soft_scope)
+        s->soft_frame = PyEval_GetFrame(); /* where a drop of it would start (tc_unraisable.c) */
     PyErr_SetNone(exc);
     Py_DECREF(exc);
 }

@@ -150,6 +150,14 @@ typedef struct tc_slot {
                                       GIL, 3.12+, at the self-fire's
                                       prepare (for its watch's spin)       */
     int async_pending;             /* fallback: raised with SetAsyncExc    */
+    /* The soft exception last sent (_raise_in_scope), for the unraisable
+     * audit hook to know a drop of it (tc_unraisable.c): identities only,
+     * compared and never dereferenced -- the scope counts only while it is
+     * found on the stack with soft_pending set. */
+    const void *soft_cls;          /* its class                            */
+    const void *soft_scope;        /* the scope it was sent for            */
+    const void *soft_frame;        /* the frame it surfaced in (the hook's
+                                      delivery), or NULL                   */
     _Atomic(const void *) tstate_id; /* the thread state its owner last ran
                                       on (slot_note_tstate), compared with
                                       the GIL's holder and with the linked

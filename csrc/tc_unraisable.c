@@ -21,6 +21,14 @@
  *   - if the thread's scope has fired and nothing is pending, the interrupt
  *     is made pending again at once, for the next safe point -- not at the
  *     watchdog's next re-injection, which backs off.
+ * A soft exception (soft_raise) dropped the same way is learned from and
+ * sent again just so, once per drop: nobody else would send it again (the
+ * soft timer sends it once), and the block ran on to its hard limit.  It is
+ * known by what the slot noted when it was sent (soft_drop_of): the same
+ * class, for a scope still on the thread's stack with it outstanding, and
+ * -- when the hook delivered it -- a traceback that starts in the frame it
+ * surfaced in; an exception of that class the program raised itself
+ * elsewhere is left alone.
  * The report itself is dropped by the Python layer's sys.unraisablehook
  * wrapper (timeoutcore/_native.py): it is the library's own bookkeeping,
  * and the deadline still ends the block.  The audit hook is a C function
@@ -71,10 +79,33 @@ static void unraisable_learn_hook(PyObject *hook)
     PyErr_Clear();
 }
 
+/* The scope whose soft exception (class `et`, traceback `tb`) this drop
+ * is, or NULL if it is none of ours (above).  Core lock held. */
+static PyObject *soft_drop_of(tc_slot *s, PyObject *et, PyObject *tb)
+{
+    PyObject *p;
+    if (et != s->soft_cls)
+        return NULL;
+    for (p = s->top; p != NULL && p != s->soft_scope; p = as_scope(p)->parent)
+        ;
+    if (p == NULL || as_scope(p)->state != SCOPE_ACTIVE || !as_scope(p)->soft_pending)
+        return NULL;
+    if (s->soft_frame != NULL) {
+        if (tb == NULL || !PyTraceBack_Check(tb))
+            return NULL;
+        while (((PyTracebackObject *)tb)->tb_next != NULL)
+            tb = (PyObject *)((PyTracebackObject *)tb)->tb_next;
+        if ((const void *)((PyTracebackObject *)tb)->tb_frame != s->soft_frame)
+            return NULL; /* raised elsewhere: the program's own */
+    }
+    return p;
+}
+
 static int unraisable_audit(const char *event, PyObject *args, void *data)
 {
-    PyObject *u, *et;
+    PyObject *u, *et, *soft = NULL;
     tc_slot *s = t_slot;
+    int hard;
     (void)data;
     if (s == NULL || strcmp(event, "sys.unraisablehook") != 0 || g_interrupt == NULL ||
         !PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 2)
@@ -83,15 +114,25 @@ static int unraisable_audit(const char *event, PyObject *args, void *data)
     if (!PyTuple_Check(u) || PyTuple_GET_SIZE(u) < 3)
         return 0;
     et = PyTuple_GET_ITEM(u, 0);
-    if (et == NULL || !PyType_Check(et) || !PyType_IsSubtype((PyTypeObject *)et, (PyTypeObject *)g_interrupt))
+    if (et == NULL || !PyType_Check(et))
+        return 0;
+    hard = PyType_IsSubtype((PyTypeObject *)et, (PyTypeObject *)g_interrupt);
+    if (!hard && et != s->soft_cls) /* the usual case, without the core lock */
         return 0;
     TC_CORE_BEGIN();
-    unraisable_learn(PyTuple_GET_ITEM(u, 2));
-    unraisable_learn_hook(PyTuple_GET_ITEM(args, 0));
-    STAT_INC(dropped);
-    if (atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL && s->pending == NULL &&
-        !s->async_pending && atomic_load(&s->shield) == 0)
-        (void)deliver_async(s, g_interrupt, s->fired); /* own thread: nothing to kick */
+    if (hard || (soft = soft_drop_of(s, et, PyTuple_GET_ITEM(u, 2))) != NULL) {
+        unraisable_learn(PyTuple_GET_ITEM(u, 2));
+        unraisable_learn_hook(PyTuple_GET_ITEM(args, 0));
+        STAT_INC(dropped);
+    }
+    /* Own thread: nothing to kick.  A hard interrupt pending is never
+     * replaced by a soft exception (deliver_async). */
+    if (hard && atomic_load(&s->state) == SLOT_INJECTED && s->fired != NULL &&
+        s->pending == NULL && !s->async_pending && atomic_load(&s->shield) == 0)
+        (void)deliver_async(s, g_interrupt, s->fired);
+    else if (soft != NULL && atomic_load(&s->state) != SLOT_INJECTED && s->pending == NULL &&
+             !s->async_pending && atomic_load(&s->shield) == 0)
+        (void)deliver_async(s, et, soft);
     TC_CORE_END();
     return 0;
 }

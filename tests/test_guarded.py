@@ -284,3 +284,74 @@ def test_an_interrupt_dropped_in_a_callback_is_reported_once_then_never_lands_th
         sys.unraisablehook = before
     assert not stop
     assert len([u for u in seen if issubclass(u.exc_type, _DeadlineInterrupt)]) <= 1
+
+
+_SLOW_CALLBACK = """
+def callback(ref):
+    for _ in range(20000 + {n}):  # nearly all of the loop's time: the exception lands here
+        pass
+"""
+
+
+def _fresh_callback(n: int) -> Any:
+    """A weakref callback the core has not learned: code objects that compare equal count
+    as one (the constant makes each trial's differ)."""
+    ns: dict[str, Any] = {}
+    exec(compile(_SLOW_CALLBACK.format(n=n), f"<callback {n}>", "exec"), ns)
+    return ns["callback"]
+
+
+def test_a_soft_exception_dropped_in_a_weakref_callback_is_sent_again() -> None:
+    """``soft_raise``'s exception surfacing in a weakref callback the core has not learned
+    is dropped by CPython there; the core learns the callback and sends it again, so it
+    reaches the ``except`` around the loop -- not the hard limit, 2 s on. Each trial's
+    callback is new (a learned one is never delivered into); the reports show that drops
+    did happen. Nothing surfaces after the block."""
+    seen: list[Any] = []
+    before = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    outcomes = []
+    try:
+        for n in range(4):
+            callback, caught = _fresh_callback(n), False
+            with thread_deadline(2.0, soft_limit=0.03, soft_raise=True):
+                try:
+                    while True:
+                        obj = _Referent()
+                        ref = weakref.ref(obj, callback)
+                        del obj  # the callback runs here, by reference counting
+                        del ref
+                except timeoutcore.SoftDeadlineExceeded:
+                    caught = True
+            outcomes.append(caught)
+            burn(0.05)  # nothing sent again lands after the block
+    finally:
+        sys.unraisablehook = before
+    soft_drops = [u for u in seen if u.exc_type is timeoutcore.SoftDeadlineExceeded]
+    assert outcomes == [True] * 4, (outcomes, seen)
+    assert len(soft_drops) >= 2, "few trials dropped it in their callback: nothing tested"
+
+
+def test_a_soft_exception_class_the_program_drops_itself_is_not_sent_again() -> None:
+    """The same class raised by the program in a callback after the block's own soft
+    exception was caught is the program's: reported as usual, never sent again."""
+    seen: list[Any] = []
+
+    def raises(ref: Any) -> None:
+        raise timeoutcore.SoftDeadlineExceeded("the program's own")
+
+    before = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        with thread_deadline(2.0, soft_limit=0.02, soft_raise=True) as scope:
+            with pytest.raises(timeoutcore.SoftDeadlineExceeded):
+                burn(1.0)
+            obj = _Referent()
+            ref = weakref.ref(obj, raises)
+            del obj  # dropped by CPython: reported
+            burn(0.1)  # nothing sent again surfaces here
+        del ref
+    finally:
+        sys.unraisablehook = before
+    assert [str(u.exc_value) for u in seen] == ["the program's own"], seen
+    assert scope.overshoot is None
