@@ -43,6 +43,7 @@ import select
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Literal, Optional, overload
 
 from . import _deferral, _fork, _validate
@@ -105,11 +106,46 @@ class _Link(_dl.Engine):
             if where is not None and scope._deferred_where is None:
                 scope._deferred_where = where
 
-    def instance(self, ident: int, exc: type[BaseException]) -> BaseException:
+    def instance(self, ident: int, exc: type[BaseException], scope: Any) -> BaseException:
         st = _wd.states.get(ident)
         if exc is _DeadlineInterrupt and st is not None:
             return interrupt(st)
-        return exc()
+        got = exc()
+        if st is not None and isinstance(scope, Scope):
+            try:
+                st.soft_sent = (weakref.ref(got), scope)
+            except TypeError:  # a soft_raise class whose __slots__ leave out __weakref__
+                st.soft_sent = None
+        return got
+
+    def ours(self, exc: BaseException) -> bool:
+        st = _wd.states.get(threading.get_ident())
+        if st is None:
+            return False
+        if isinstance(exc, _DeadlineInterrupt):
+            return st.fired is not None and st.sent is not None and st.sent() is exc
+        soft = st.soft_sent
+        return (soft is not None and soft[0]() is exc and soft[1]._state == 1
+                and soft[1]._soft_pending)
+
+    def on_dropped(self, ident: int, exc: BaseException) -> None:
+        st = _wd.states.get(ident)
+        # Never held by this thread here: a delivery never lands under the engine's own
+        # frames. Bounded all the same: a drop is no place to wait for ever.
+        if st is None or not _wd.lock.acquire(timeout=1.0):
+            return
+        try:
+            if ident in _dl.pending or st.shield:
+                return  # on its way already, or held back (the shield's end sends it)
+            if isinstance(exc, _DeadlineInterrupt):
+                if st.fired is not None and not st.fired._exiting:
+                    _wd.send(st, _DeadlineInterrupt, st.fired)
+            elif st.fired is None and st.soft_sent is not None:
+                scope = st.soft_sent[1]
+                if scope._state == 1 and not scope._exiting and scope._soft_pending:
+                    _wd.send(st, type(exc), scope)
+        finally:
+            _wd.lock.release()
 
 
 _dl.engine = _Link()
@@ -342,6 +378,7 @@ class Scope:
                     st.fired = None
                     st.sent = None
                 self._soft_pending = False
+                st.soft_sent = None
                 take_back(st)
             self._exit_exc = exc
             if self._hook is not None:

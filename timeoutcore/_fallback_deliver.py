@@ -66,7 +66,8 @@ from .errors import _DeadlineInterrupt
 
 #: Modules whose frames never receive an interrupt, whatever the protected set says: the
 #: engine itself (its locks, its bookkeeping between "block finished" and "taken back").
-ENGINE_MODULES = ("timeoutcore._fallback", "timeoutcore._fallback_deliver")
+ENGINE_MODULES = ("timeoutcore._fallback", "timeoutcore._fallback_deliver",
+                  "timeoutcore._fallback_dropped")
 
 _get_ident = threading.get_ident
 
@@ -75,7 +76,10 @@ _get_ident = threading.get_ident
 #: at an unsafe instruction, in a garbage collection, while our interrupt was on its way
 #: out -- and deliveries sent without a hook.
 stats = {"arms": 0, "hook_raises": 0, "wait_protected": 0, "wait_unsafe": 0, "wait_gc": 0,
-         "wait_in_flight": 0, "hookless": 0}
+         "wait_in_flight": 0, "hookless": 0, "dropped": 0}
+
+#: Code where CPython dropped an exception of ours: protected (_fallback_dropped learns it).
+dropped_codes: set[types.CodeType] = set()
 
 #: thread ident -> (exception class, scope or None): what waits for that thread's next
 #: safe line boundary. Single dict operations are atomic under the GIL: the watchdog
@@ -100,9 +104,16 @@ class Engine:
     def on_deliver(self, scope: Any, deferred: float, where: Optional[str]) -> None:
         """``scope``'s interrupt was raised, after waiting ``deferred`` seconds."""
 
-    def instance(self, ident: int, exc: type[BaseException]) -> BaseException:
-        """What to raise for the pending class ``exc`` in thread ``ident``: a new one."""
+    def instance(self, ident: int, exc: type[BaseException], scope: Any) -> BaseException:
+        """What to raise for ``exc``, pending for ``scope`` in thread ``ident``: a new one."""
         return exc()
+
+    def ours(self, exc: BaseException) -> bool:
+        """Is ``exc`` an instance this engine raised, still meant for an active block?"""
+        return False
+
+    def on_dropped(self, ident: int, exc: BaseException) -> None:
+        """CPython dropped ``exc``, one of :meth:`ours`, in thread ``ident``: send it again."""
 
 
 engine = Engine()
@@ -233,7 +244,7 @@ def _protected(frame: types.FrameType) -> bool:
     if v is None:
         mods, exempt, codes = _snap
         name = frame.f_globals.get("__name__")
-        v = (code in codes or code.co_name in _HELD_NAMES
+        v = (code in codes or code.co_name in _HELD_NAMES or code in dropped_codes
              or (isinstance(name, str)
                  and (name in ENGINE_MODULES or protect._rule(name, mods, exempt))))
         if len(_verdicts) > 8192:
@@ -341,7 +352,7 @@ def decide(frame: types.FrameType, vetted: bool, mode: int) -> bool:
         own = sys.gettrace()
         if own is not None and own is not _tracer:
             _restore[me] = own
-    raise engine.instance(me, exc)
+    raise engine.instance(me, exc, scope)
 
 
 # -- The hook ----------------------------------------------------------------------------------
@@ -358,6 +369,9 @@ def _setup() -> bool:
                 _load_opcodes()
                 gc.callbacks.append(_gc_callback)
                 _ready = _hook.setup()
+                from . import _fallback_dropped  # imports this module: not at the top
+
+                _fallback_dropped.install()
             except Exception:  # noqa: BLE001 - no hook: the pre-checked fallback
                 _ready = False
     return bool(_ready)

@@ -67,7 +67,8 @@ def clear(ident: int) -> None:
 
 class ThreadState:
     __slots__ = ("ident", "stack", "fired", "shield", "reinject_at", "step", "cond",
-                 "tstate", "thread", "injected", "sent", "held_since", "__weakref__")
+                 "tstate", "thread", "injected", "sent", "held_since", "soft_sent",
+                 "__weakref__")
 
     def __init__(self, ident: int) -> None:
         self.ident = ident
@@ -84,6 +85,9 @@ class ThreadState:
         # and when a re-send first found it still held (:func:`held`).
         self.sent: Optional[weakref.ref[BaseException]] = None
         self.held_since = 0.0
+        # The soft exception last raised in the thread (weakly) and its scope, while that
+        # scope is active (timeoutcore._fallback_dropped knows it again).
+        self.soft_sent: Optional[tuple[weakref.ref[BaseException], Any]] = None
 
     def deadline(self) -> float:
         return min((s._deadline for s in self.stack), default=_NEVER)
