@@ -348,7 +348,8 @@ def test_a_loop_whose_time_goes_to_weakref_callbacks_ends_at_its_deadline() -> N
     all its time in such callbacks got every re-send of the interrupt in another one and
     never ended (the soft exception, sent once, was simply lost). The engine now learns the
     callback and sends again: the hard limit ends each block, the soft exception reaches
-    the ``except`` around its loop. Each block's callback is one the engine has not learned
+    the ``except`` around its loop (the report of the program's soft exception reaches its
+    hook; the internal interrupt's does not). Each block's callback is one the engine has not learned
     (code objects that compare equal count as one: the constant differs)."""
     r = _run("""
         import weakref
@@ -383,11 +384,13 @@ def test_a_loop_whose_time_goes_to_weakref_callbacks_ends_at_its_deadline() -> N
                     soft.append(True)
             burn(0.05)  # nothing sent again lands after the block
         kinds = [u.exc_type.__name__ for u in seen]
-        print(json.dumps({"hard": hard, "soft": soft, "kinds": kinds, "lock": lock_free()}))
+        dropped = _fallback._dl.stats["dropped"]
+        print(json.dumps({"hard": hard, "soft": soft, "kinds": kinds, "dropped": dropped,
+                          "lock": lock_free()}))
     """, hang=60.0)
     assert len(r["hard"]) == 4 and max(r["hard"]) < 10.0, r
     assert r["soft"] == [True] * 4, r
-    # drops did happen (the reports: this engine does not quiet the interrupt's)
-    assert r["kinds"].count("SoftDeadlineExceeded") >= 1, r
-    assert r["kinds"].count("_DeadlineInterrupt") >= 1, r
+    # drops did happen, of both: the soft exception's are reported, the interrupt's not
+    assert r["kinds"] and set(r["kinds"]) == {"SoftDeadlineExceeded"}, r
+    assert r["dropped"] > len(r["kinds"]), r
     assert r["lock"], r

@@ -48,6 +48,7 @@ from typing import Any, Literal, Optional, overload
 
 from . import _deferral, _fork, _validate
 from . import _fallback_deliver as _dl
+from . import _fallback_dropped
 from ._fallback_watchdog import ThreadState, Watchdog, interrupt, take_back, tstate_get
 from .errors import DeadlineExceeded, _DeadlineInterrupt
 
@@ -117,6 +118,9 @@ class _Link(_dl.Engine):
             except TypeError:  # a soft_raise class whose __slots__ leave out __weakref__
                 st.soft_sent = None
         return got
+
+    def before_arm(self) -> None:
+        _fallback_dropped.install()
 
     def ours(self, exc: BaseException) -> bool:
         st = _wd.states.get(threading.get_ident())

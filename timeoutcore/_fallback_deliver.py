@@ -108,6 +108,9 @@ class Engine:
         """What to raise for ``exc``, pending for ``scope`` in thread ``ident``: a new one."""
         return exc()
 
+    def before_arm(self) -> None:
+        """The delivery hook is about to be armed (GIL held): the engine's own part."""
+
     def ours(self, exc: BaseException) -> bool:
         """Is ``exc`` an instance this engine raised, still meant for an active block?"""
         return False
@@ -369,9 +372,6 @@ def _setup() -> bool:
                 _load_opcodes()
                 gc.callbacks.append(_gc_callback)
                 _ready = _hook.setup()
-                from . import _fallback_dropped  # imports this module: not at the top
-
-                _fallback_dropped.install()
             except Exception:  # noqa: BLE001 - no hook: the pre-checked fallback
                 _ready = False
     return bool(_ready)
@@ -381,6 +381,7 @@ def arm(ident: int, tstate: int) -> bool:
     """Watchdog (or a canceller), GIL held: make thread ``ident`` (its PyThreadState at
     ``tstate``, 3.11) run :func:`decide` at its next line boundary. False if no hook can
     be armed for it (the caller falls back to :func:`precheck`)."""
+    engine.before_arm()
     if _setup() and _hook.arm(ident, tstate):
         stats["arms"] += 1
         return True

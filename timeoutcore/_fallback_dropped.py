@@ -6,23 +6,29 @@ CPython reports it as ignored (``sys.unraisablehook``) and drops it. The interru
 soft exception of a ``soft_raise`` soft limit, delivered there is lost; and a loop that
 spends its time in such callbacks (objects dropped with a weakref callback each) got every
 re-send of the interrupt in another one and never ended. Code named ``__del__`` is
-protected by name; the rest is learned here, from the audit event ``sys.unraisablehook``
-(raised before the report whatever hook is installed: pytest replaces the hook, and an
-audit hook cannot be replaced or removed), in the thread that dropped it:
+protected by name; the rest is learned here, by the ``sys.unraisablehook`` in place, which
+this engine wraps, in the thread that dropped it:
 
-- the outermost Python function the exception left (the callback) and the hook about to
-  report it join :data:`timeoutcore._fallback_deliver.dropped_codes`, which counts as
-  protected: no later delivery lands there;
-- the engine sends it again at once (``Engine.on_dropped``), not at the watchdog's next
-  re-send, which backs off -- and for a soft exception, which nobody else sends again.
+- the outermost Python function the exception left (the callback) joins
+  :data:`timeoutcore._fallback_deliver.dropped_codes`, which counts as protected: no later
+  delivery lands there;
+- the engine sends it again (``Engine.on_dropped``), for the next safe line after the
+  report -- not at the watchdog's next re-send, which backs off; and a soft exception,
+  which nobody else sends again, at all.
 
 An exception counts as ours only if it is the very instance the engine raised
 (``Engine.instance`` notes it): the program's own exceptions of the same classes, dropped
-in its callbacks, are left alone.
+in its callbacks, are reported as usual. The report of the internal interrupt is dropped
+(it is the engine's own bookkeeping); a soft exception's is passed on.
 
-Rule: the audit hook is installed once, with the delivery hook (the first delivery), and
-costs every audit event of the process one string comparison from then on. The learned set
-only grows, by one code object per distinct callback that ever dropped one of ours.
+Rule: the wrapper goes around whatever hook is in place at each arm of the delivery hook
+(``Engine.before_arm``), so a hook installed since -- pytest installs its own per test --
+is wrapped in turn, and one installed between an arm and a drop misses that drop only: the
+watchdog still re-sends the interrupt. Rejected: the audit event ``sys.unraisablehook``,
+which fires whatever hook is installed. A Python audit hook runs at every audited
+operation, among them each read of a frame's ``f_code``: the watchdog's look at another
+thread's frames (``precheck``) then ran Python code, the GIL could change hands in the
+middle of it, and the look was stale by the time it sent -- a logging lock was left held.
 """
 
 from __future__ import annotations
@@ -30,48 +36,38 @@ from __future__ import annotations
 import sys
 import threading
 import types
-from typing import Any, Optional
+from typing import Any, Callable
 
 from . import _fallback_deliver as _dl
+from .errors import _DeadlineInterrupt
 
-_installed = False
-_install_lock = threading.Lock()
-
-
-def _code_of_hook(hook: Any) -> Optional[types.CodeType]:
-    """The code the hook about to report runs first: a function's, a method's, or the
-    ``__call__`` of an object whose class defines it in Python."""
-    fn = getattr(hook, "__func__", hook)
-    if not isinstance(fn, types.FunctionType):
-        fn = getattr(type(hook), "__call__", None)
-    return fn.__code__ if isinstance(fn, types.FunctionType) else None
+_Hook = Callable[[Any], object]
 
 
-def _learn(code: Optional[types.CodeType]) -> None:
-    if code is not None and code not in _dl.dropped_codes:
-        _dl.dropped_codes.add(code)
-        _dl._verdicts.pop(code, None)  # decided before: protected from now on
+class _LearnDropped:
+    """``sys.unraisablehook`` that learns from a drop of ours and sends it again."""
 
+    def __init__(self, chained: _Hook) -> None:
+        self.chained = chained
 
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    if event != "sys.unraisablehook":
-        return
-    hook, unraisable = args
-    exc = getattr(unraisable, "exc_value", None)
-    if not isinstance(exc, BaseException) or not _dl.engine.ours(exc):
-        return
-    tb = getattr(unraisable, "exc_traceback", None)
-    if isinstance(tb, types.TracebackType):
-        _learn(tb.tb_frame.f_code)
-    _learn(_code_of_hook(hook))
-    _dl.stats["dropped"] += 1
-    _dl.engine.on_dropped(threading.get_ident(), exc)
+    def __call__(self, unraisable: Any) -> None:
+        exc = getattr(unraisable, "exc_value", None)
+        if not isinstance(exc, BaseException) or not _dl.engine.ours(exc):
+            self.chained(unraisable)
+            return
+        tb = getattr(unraisable, "exc_traceback", None)
+        if isinstance(tb, types.TracebackType):
+            code = tb.tb_frame.f_code
+            if code not in _dl.dropped_codes:
+                _dl.dropped_codes.add(code)
+                _dl._verdicts.pop(code, None)  # decided before: protected from now on
+        _dl.stats["dropped"] += 1
+        if not isinstance(exc, _DeadlineInterrupt):
+            self.chained(unraisable)  # the program's soft exception: reported as usual
+        _dl.engine.on_dropped(threading.get_ident(), exc)
 
 
 def install() -> None:
-    """Install the audit hook (once; idempotent)."""
-    global _installed
-    with _install_lock:
-        if not _installed:
-            sys.addaudithook(_audit)
-            _installed = True
+    """Wrap the ``sys.unraisablehook`` in place, unless it is ours already (idempotent)."""
+    if not isinstance(sys.unraisablehook, _LearnDropped):
+        sys.unraisablehook = _LearnDropped(sys.unraisablehook)
