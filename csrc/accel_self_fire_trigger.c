@@ -55,6 +55,12 @@
  * watchdog to run twice, and next to threads that keep every CPU busy the
  * wake-up between was most of a deadline's lateness; a decision that did
  * not fire cost two more.
+ * Ahead of the deadline the watch wakes early: TC_WATCH_PREPARE_NS ahead it
+ * drops a third trigger, P, whose deallocation in the thread builds the
+ * scope's DeadlineExceeded there (prepare_here; accelerator prepare), so
+ * that the exit finds it built and its code warm; TC_WATCH_SPIN_NS ahead
+ * it spins to the deadline (a sleep wakes up late by about that), unless
+ * it runs on the thread's CPU.
  * Cleared, the bit keeps the interrupt from surfacing in anything that runs
  * between B's merge and P2's look (objects merged after B, a collection and
  * its finalizers): their own breaker checks no longer see it.
@@ -91,15 +97,11 @@
  * lock, the thread makes them inside either (tc_lock.h), and B's
  * deallocation decides inside the core lock, as the hook does.
  *
- * The import check (trigger_check) confirms all of it on this interpreter
- * before self_fire is on: the bit PyThreadState_SetAsyncExc sets, and whole
- * rounds -- a helper thread plays the watchdog for the importing thread,
- * which spins in a loop, until a B raises, at the loop's back-edge, the
- * exception it set.
+ * The import check (accel_self_fire_probe.c: trigger_check) confirms all
+ * of it on this interpreter before self_fire is on.
  */
 
 #if TC_SELF_FIRE_TRIGGER
-#include <fcntl.h>
 
 enum {
     ROUND_IDLE = 0,   /* no round (the thread may ask for one)             */
@@ -107,12 +109,14 @@ enum {
     ROUND_SENT_B = 2, /* the thread queued a B to itself, for its next check */
 };
 
+enum { TRIG_A = 0, TRIG_B = 1, TRIG_P = 2 }; /* P: the prepare's (trigger_watch) */
+
 typedef struct {
     PyObject_HEAD
     tc_slot *slot;                 /* NULL: the import check's            */
     struct self_fire_round *round; /* the round it belongs to             */
     unsigned long ident;           /* the thread that made it             */
-    int second;                    /* B                                   */
+    int kind;                      /* TRIG_*                              */
     int hops;                      /* A: checks to let pass before B      */
     uint64_t no;                   /* its round (set by the dropping side) */
 } sf_trigger;
@@ -132,7 +136,7 @@ static PyTypeObject g_trigger_type = {
 
 /* A trigger made by (and owned by) the calling thread, or NULL without an
  * error set (the self-fire then waits for the next one). */
-static PyObject *trigger_new(tc_slot *s, struct self_fire_round *rd, int second)
+static PyObject *trigger_new(tc_slot *s, struct self_fire_round *rd, int kind)
 {
     sf_trigger *t = PyObject_New(sf_trigger, &g_trigger_type);
     if (t == NULL) {
@@ -142,7 +146,7 @@ static PyObject *trigger_new(tc_slot *s, struct self_fire_round *rd, int second)
     t->slot = s;
     t->round = rd;
     t->ident = PyThread_get_thread_ident();
-    t->second = second;
+    t->kind = kind;
     t->hops = 0;
     t->no = 0;
     return (PyObject *)t;
@@ -178,12 +182,12 @@ static void round_send_b(struct self_fire_round *rd, PyObject *b, uint64_t no)
 }
 
 /* The slot's thread, inside the core lock or its slot's lock: both
- * triggers of the next round made (any that could not be: the watch hands
- * over). */
+ * triggers of the next round made, and the prepare's if it is on (any that
+ * could not be: the watch hands over, the exit builds the exception). */
 static void trigger_make(tc_slot *s)
 {
-    for (int k = 0; k < 2; k++)
-        if (s->self_fire.trigger[k] == NULL)
+    for (int k = TRIG_A; k <= TRIG_P; k++)
+        if (s->self_fire.trigger[k] == NULL && (k != TRIG_P || accel_on(ACCEL_PREPARE)))
             s->self_fire.trigger[k] = trigger_new(s, &s->self_fire.round, k);
 }
 
@@ -205,10 +209,6 @@ static void round_again(tc_slot *s)
     watch_now(s);
 }
 
-/* The import check's rounds: how many at most, and for how long in all. */
-#define TC_PROBE_ROUNDS 64
-#define TC_PROBE_MAX_NS 2000000000LL
-
 /* A, in its thread, during a pass P1 of its breaker check: queue the
  * round's B for P2 (above).  `s`: NULL for the check's. */
 static void round_a_here(tc_slot *s, struct self_fire_round *rd, uint64_t no, int hops)
@@ -227,7 +227,7 @@ static void round_a_here(tc_slot *s, struct self_fire_round *rd, uint64_t no, in
         return;
     }
     if (hops > 0 && atomic_load(&rd->phase) == ROUND_SENT_A) {
-        sf_trigger *next = (sf_trigger *)trigger_new(s, rd, 0);
+        sf_trigger *next = (sf_trigger *)trigger_new(s, rd, TRIG_A);
         if (next != NULL) { /* a check passed: the same A, one hop fewer */
             next->no = no;
             next->hops = hops - 1;
@@ -256,190 +256,6 @@ static int round_b_armed(struct self_fire_round *rd, uint64_t no, PyThreadState 
     return (tc_own_breaker(ts) & g_trigger_bit) != 0;
 }
 
-/* -- The import check's rounds --------------------------------------------------- */
-
-static struct {
-    unsigned long target;      /* the importing thread                  */
-    struct self_fire_round round;
-    PyObject *trig[TC_PROBE_ROUNDS][2];
-    PyObject *raise;           /* set by a B at a back-edge             */
-    PyObject *give_up;         /* set the usual way if none did         */
-    int lasti;                 /* where it set it                       */
-    _Atomic int looping;       /* the target is about to spin           */
-    _Atomic int raised;        /* one set `raise`                       */
-    _Atomic int elsewhere;     /* one was deallocated in another thread */
-} g_probe;
-
-/* A probe B's deallocation: the round is over once it decided (the helper
- * then starts the next, or stops). */
-static void probe_b_here(uint64_t no)
-{
-    PyThreadState *ts = PyThreadState_Get();
-    PyFrameObject *f;
-    if (round_b_armed(&g_probe.round, no, ts) && !atomic_load(&g_probe.raised) &&
-        PyErr_Occurred() == NULL && (f = PyEval_GetFrame()) != NULL &&
-        tc_breaker_back_edge(f) == 1) {
-        g_probe.lasti = PyFrame_GetLasti(f);
-        (void)PyThreadState_SetAsyncExc(g_probe.target, g_probe.raise);
-        tc_own_breaker_clear(ts, g_trigger_bit);
-        atomic_store(&g_probe.raised, 1);
-    }
-    if (no == atomic_load(&g_probe.round.seq))
-        atomic_store(&g_probe.round.phase, ROUND_IDLE);
-}
-
-/* The helper thread: the watchdog's part, round after round, until a B
- * raised; else it stops the loop the usual way. */
-static void *probe_helper(void *arg)
-{
-    (void)arg;
-    PyGILState_STATE g = PyGILState_Ensure();
-    PyThreadState *ts = PyEval_SaveThread(); /* waits detached: no stop of the world waits on it */
-    int64_t until = now_ns() + TC_PROBE_MAX_NS;
-    while (!atomic_load(&g_probe.looping) && now_ns() < until)
-        cpu_relax();
-    for (int i = 0; i < TC_PROBE_ROUNDS && !atomic_load(&g_probe.raised) && now_ns() < until;
-         i++) {
-        struct self_fire_round *rd = &g_probe.round;
-        PyObject *a = g_probe.trig[i][0], *b = g_probe.trig[i][1];
-        g_probe.trig[i][0] = g_probe.trig[i][1] = NULL;
-        atomic_store(&rd->b, b);
-        round_number(rd, a, b);
-        trigger_drop(a);
-        /* Over when B is deallocated, or A anywhere but at a pass of its
-         * thread's: the phase is back to idle. */
-        while (atomic_load(&rd->phase) != ROUND_IDLE && now_ns() < until)
-            cpu_relax();
-        if ((b = atomic_exchange(&rd->b, NULL)) != NULL) {
-            ((sf_trigger *)b)->no = 0; /* never sent: its deallocation does nothing */
-            trigger_drop(b);
-        }
-    }
-    PyEval_RestoreThread(ts);
-    if (!atomic_load(&g_probe.raised))
-        (void)PyThreadState_SetAsyncExc(g_probe.target, g_probe.give_up);
-    PyGILState_Release(g);
-    return NULL;
-}
-
-static int probe_fail(char *why, size_t n, const char *what)
-{
-    (void)snprintf(why, n, "the self-fire's trigger: %s", what);
-    return 0;
-}
-
-/* Rounds of the whole mechanism (above); 1 if the exception a B set
- * surfaced where it was set, in this thread. */
-static int probe_rounds(char *why, size_t n)
-{
-    static const char src[] = "def probe():\n    while True:\n        pass\n";
-    PyObject *ns = NULL, *code = NULL, *fn, *r = NULL, *exc = NULL, *tb = NULL, *at = NULL;
-    pthread_t helper;
-    int ok = 0, started = 0;
-    memset(&g_probe, 0, sizeof g_probe);
-    g_probe.target = PyThread_get_thread_ident();
-    g_probe.raise = PyErr_NewException("timeoutcore._core._TriggerProbe", NULL, NULL);
-    g_probe.give_up = PyErr_NewException("timeoutcore._core._TriggerProbeGaveUp", NULL, NULL);
-    if (g_probe.raise == NULL || g_probe.give_up == NULL || (ns = PyDict_New()) == NULL ||
-        PyDict_SetItemString(ns, "__builtins__", PyEval_GetBuiltins()) < 0 ||
-        (code = Py_CompileString(src, "<timeoutcore probe>", Py_file_input)) == NULL ||
-        (r = PyEval_EvalCode(code, ns, ns)) == NULL ||
-        (fn = PyDict_GetItemString(ns, "probe")) == NULL) {
-        PyErr_Clear();
-        ok = probe_fail(why, n, "could not set up its probe");
-        goto done;
-    }
-    Py_CLEAR(r);
-    for (int i = 0; i < TC_PROBE_ROUNDS; i++)
-        for (int k = 0; k < 2; k++)
-            if ((g_probe.trig[i][k] = trigger_new(NULL, &g_probe.round, k)) == NULL) {
-                ok = probe_fail(why, n, "could not make its triggers");
-                goto done;
-            }
-    if (pthread_create(&helper, NULL, probe_helper, NULL) != 0) {
-        ok = probe_fail(why, n, "could not start its helper thread");
-        goto done;
-    }
-    started = 1;
-    atomic_store(&g_probe.looping, 1);
-    r = PyObject_CallNoArgs(fn);
-    exc = PyErr_GetRaisedException();
-    Py_BEGIN_ALLOW_THREADS
-    (void)pthread_join(helper, NULL);
-    Py_END_ALLOW_THREADS
-    started = 0;
-    if (exc == NULL || !PyErr_GivenExceptionMatches(exc, g_probe.raise)) {
-        ok = probe_fail(why, n, atomic_load(&g_probe.elsewhere) > 0
-                                    ? "it was deallocated in another thread"
-                                    : "no round raised in the thread that made it");
-        goto done;
-    }
-    tb = PyException_GetTraceback(exc);
-    at = tb != NULL ? PyObject_GetAttrString(tb, "tb_lasti") : NULL;
-    if (at == NULL || PyLong_AsLong(at) != g_probe.lasti) {
-        PyErr_Clear();
-        ok = probe_fail(why, n, "its exception surfaced elsewhere than where it was set");
-        goto done;
-    }
-    ok = 1;
-done:
-    if (started) {
-        Py_BEGIN_ALLOW_THREADS
-        (void)pthread_join(helper, NULL);
-        Py_END_ALLOW_THREADS
-    }
-    atomic_store(&g_probe.round.phase, ROUND_IDLE);
-    for (int i = 0; i < TC_PROBE_ROUNDS; i++)
-        for (int k = 0; k < 2; k++)
-            Py_CLEAR(g_probe.trig[i][k]); /* ours: deallocated here, raising nothing */
-    tc_own_breaker_clear(PyThreadState_Get(), g_trigger_bit); /* nothing left behind */
-    Py_XDECREF(at);
-    Py_XDECREF(tb);
-    Py_XDECREF(exc);
-    Py_XDECREF(r);
-    Py_XDECREF(code);
-    Py_XDECREF(ns);
-    Py_CLEAR(g_probe.raise);
-    Py_CLEAR(g_probe.give_up);
-    return ok;
-}
-
-/* At import (tc_accel.c: accel_setup), attached, if self_fire is asked for:
- * 1 if PyThreadState_SetAsyncExc sets the bit of this thread's breaker that
- * the internal headers name, and a round of the mechanism works; else 0
- * with why.  Test hook: TIMEOUTCORE_TEST_CORRUPT_BREAKER_BIT=1 takes the
- * next bit instead: it must be refused. */
-static int trigger_check(char *why, size_t n)
-{
-    PyThreadState *ts = PyThreadState_Get();
-    uintptr_t bit = tc_async_exc_bit(), before, after;
-    const char *corrupt = getenv("TIMEOUTCORE_TEST_CORRUPT_BREAKER_BIT");
-    if (corrupt != NULL && strcmp(corrupt, "1") == 0)
-        bit <<= 1;
-    if (PyType_Ready(&g_trigger_type) < 0) {
-        PyErr_Clear();
-        return probe_fail(why, n, "its type could not be readied");
-    }
-    before = tc_own_breaker(ts);
-    if (PyThreadState_SetAsyncExc(PyThread_get_thread_ident(), NULL) != 1)
-        return probe_fail(why, n, "PyThreadState_SetAsyncExc did not find this thread");
-    after = tc_own_breaker(ts);
-    if (bit == 0 || (after & bit) == 0) {
-        (void)snprintf(why, n,
-                       "the self-fire's trigger: PyThreadState_SetAsyncExc did not set the "
-                       "breaker bit %#lx (the breaker went %#lx -> %#lx)",
-                       (unsigned long)bit, (unsigned long)before, (unsigned long)after);
-        return 0;
-    }
-    tc_own_breaker_clear(ts, bit);
-    g_trigger_bit = bit;
-    if (!probe_rounds(why, n)) {
-        g_trigger_bit = 0;
-        return 0;
-    }
-    return 1;
-}
-
 /* -- The self-fire's rounds ------------------------------------------------------ */
 
 /* B, in the slot's thread, the round to go on: the next round, A' queued to
@@ -448,7 +264,7 @@ static int trigger_check(char *why, size_t n)
  * could not be made (the watchdog starts the round). */
 static int round_restart(struct self_fire_round *rd, tc_slot *s)
 {
-    PyObject *a = trigger_new(s, rd, 0), *b = a != NULL ? trigger_new(s, rd, 1) : NULL, *old;
+    PyObject *a = trigger_new(s, rd, TRIG_A), *b = a != NULL ? trigger_new(s, rd, TRIG_B) : NULL, *old;
     if (b == NULL) {
         Py_XDECREF(a); /* never numbered: its deallocation does nothing */
         return 0;
@@ -502,17 +318,37 @@ static void round_b_here(tc_slot *s, uint64_t no)
         round_again(s); /* the watchdog starts the next round */
 }
 
+/* P, in the slot's thread, at a breaker check ahead of the deadline of gen
+ * `gen`: the exception built now (accel_prepare.c), where Python may run --
+ * not at its exit, in a collection, with an error set or inside the core's
+ * own region (the exit then builds it). */
+static void prepare_here(tc_slot *s, uint64_t gen)
+{
+    if (gen == atomic_load(&s->gen) && PyEval_GetFrame() != NULL && !tc_gc_collecting() &&
+        PyErr_Occurred() == NULL && !core_held())
+        prepare_in_thread(s);
+}
+
+/* The import check's side (accel_self_fire_probe.c). */
+static void probe_b_here(uint64_t no);
+static void probe_elsewhere(void);
+
 static void trigger_dealloc(PyObject *o)
 {
     sf_trigger *t = (sf_trigger *)o;
     tc_slot *s = t->slot;
     struct self_fire_round *rd = t->round;
     unsigned long ident = t->ident;
-    int second = t->second, t_hops = t->hops;
+    int kind = t->kind, t_hops = t->hops;
     uint64_t no = t->no;
     Py_TYPE(o)->tp_free(o);
     if (no == 0)
         return; /* never sent (a slot reused, the check's leftovers) */
+    if (kind == TRIG_P) { /* `no`: the gen it was dropped for */
+        if (ident == PyThread_get_thread_ident() && s == t_slot)
+            prepare_here(s, no);
+        return;
+    }
     if (ident != PyThread_get_thread_ident() || (s != NULL && s != t_slot)) {
         if (no == atomic_load(&rd->seq)) {
             atomic_store(&rd->phase, ROUND_IDLE); /* elsewhere: the round is over */
@@ -520,9 +356,9 @@ static void trigger_dealloc(PyObject *o)
                 wd_wake();
         }
         if (s == NULL)
-            atomic_fetch_add(&g_probe.elsewhere, 1);
+            probe_elsewhere();
     }
-    else if (!second)
+    else if (kind == TRIG_A)
         round_a_here(s, rd, no, t_hops);
     else if (s == NULL)
         probe_b_here(no);
@@ -564,27 +400,6 @@ static int round_step(tc_slot *s, uint64_t gen)
     return 1;
 }
 
-/* Is thread `tid` of this process running or runnable (1), or asleep -- in
- * a system call, a lock (0)?  -1 if unknown.  Its state is the letter after
- * the command's closing parenthesis in /proc/self/task/<tid>/stat. */
-static int thread_runnable(pid_t tid)
-{
-    char path[64], buf[512], *close_paren;
-    ssize_t n;
-    int fd;
-    (void)snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
-    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        return -1;
-    n = read(fd, buf, sizeof buf - 1);
-    (void)close(fd); /* read-only: nothing to lose */
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    if ((close_paren = strrchr(buf, ')')) == NULL || close_paren[1] != ' ')
-        return -1;
-    return close_paren[2] == 'R';
-}
-
 /* A watched slot whose A (or B) waits for its thread's next check: keep waiting
  * while the thread runs or waits for a CPU -- its check comes as soon as it
  * runs, and the hook's events would slow every thread meanwhile -- but not
@@ -601,6 +416,30 @@ static int round_asleep(tc_slot *s, int phase)
            atomic_compare_exchange_strong(&s->self_fire.round.phase, &expected, ROUND_IDLE);
 }
 
+/* The watchdog, detached, no lock, TC_WATCH_PREPARE_NS or less ahead of the
+ * slot's deadline: drop P, once a gen -- its thread builds the exception at
+ * its next check (prepare_here), as the pending call does with a GIL. */
+static void prepare_step(tc_slot *s, uint64_t gen)
+{
+    PyObject *p = NULL;
+    PyGILState_STATE g;
+    if (s->self_fire.prepare_gen == gen || !accel_on(ACCEL_PREPARE))
+        return;
+    s->self_fire.prepare_gen = gen;
+    g = PyGILState_Ensure();
+    TC_CORE_BEGIN_ON(s);
+    if (s->alive && atomic_load(&s->gen) == gen && atomic_load(&s->state) == SLOT_ARMED) {
+        p = s->self_fire.trigger[TRIG_P];
+        s->self_fire.trigger[TRIG_P] = NULL;
+    }
+    TC_CORE_END();
+    if (p != NULL) {
+        ((sf_trigger *)p)->no = gen;
+        Py_DECREF(p); /* queued to its thread */
+    }
+    PyGILState_Release(g);
+}
+
 /* The watch (self_fire_watch), detached: up to the deadline, nothing; from
  * it, a round whenever none is under way, and the kick once (a blocking
  * call knocked loose).  A round whose trigger waits for its thread's next
@@ -613,8 +452,23 @@ static int trigger_watch(tc_slot *s, uint64_t gen, int64_t deadline)
     int phase = atomic_load(&s->self_fire.round.phase), r;
     if (deadline == TC_NEVER || atomic_load(&s->prearmed))
         goto usual;
-    if (now < deadline)
-        return watch_again(s, gen, deadline);
+    if (now < deadline) {
+        /* Ahead of it (the planner comes self_fire_lead early): the
+         * prepare's P, then -- a sleep wakes up late by about
+         * TC_WATCH_SPIN_NS -- a spin over the last of it, unless on the CPU
+         * the thread last ran on, which the spin would keep it off (as
+         * wd_watch does with a GIL). */
+        if (deadline - now > TC_WATCH_SPIN_NS) {
+            prepare_step(s, gen);
+            return watch_again(s, gen, deadline - TC_WATCH_SPIN_NS);
+        }
+        if (sched_getcpu() == atomic_load_explicit(&s->cpu, memory_order_relaxed))
+            return watch_again(s, gen, deadline);
+        while ((now = now_ns()) < deadline && atomic_load(&s->gen) == gen)
+            cpu_relax();
+        if (atomic_load(&s->gen) != gen)
+            return watch_again(s, gen, now); /* the block ended: stale, planned again */
+    }
     if (phase == ROUND_SENT_A || phase == ROUND_SENT_B) { /* its next check: A's, or B's */
         if (round_asleep(s, phase))
             goto hand_over;
@@ -648,6 +502,13 @@ usual:
 
 /* -- Hooks (tc_accel.h) ------------------------------------------------------ */
 
+static int64_t self_fire_lead(void)
+{
+    if (!TC_SELF_FIRE_TRIGGER || !accel_on(ACCEL_SELF_FIRE))
+        return 0;
+    return accel_on(ACCEL_PREPARE) ? TC_WATCH_PREPARE_NS : TC_WATCH_SPIN_NS;
+}
+
 static int self_fire_owns(tc_slot *s)
 {
 #if TC_SELF_FIRE_TRIGGER
@@ -661,8 +522,11 @@ static int self_fire_owns(tc_slot *s)
 static void self_fire_on_enter(tc_slot *s)
 {
 #if TC_SELF_FIRE_TRIGGER
-    if (accel_on(ACCEL_SELF_FIRE) &&
-        (s->self_fire.trigger[0] == NULL || s->self_fire.trigger[1] == NULL))
+    if (!accel_on(ACCEL_SELF_FIRE))
+        return;
+    slot_note_cpu(s); /* for the watch's spin (trigger_watch) */
+    if (s->self_fire.trigger[TRIG_A] == NULL || s->self_fire.trigger[TRIG_B] == NULL ||
+        (s->self_fire.trigger[TRIG_P] == NULL && accel_on(ACCEL_PREPARE)))
         trigger_make(s);
 #else
     (void)s;
@@ -673,8 +537,9 @@ static void self_fire_slot_reuse(tc_slot *s)
 {
 #if TC_SELF_FIRE_TRIGGER
     /* its maker's: deallocated here, doing nothing */
-    Py_CLEAR(s->self_fire.trigger[0]);
-    Py_CLEAR(s->self_fire.trigger[1]);
+    Py_CLEAR(s->self_fire.trigger[TRIG_A]);
+    Py_CLEAR(s->self_fire.trigger[TRIG_B]);
+    Py_CLEAR(s->self_fire.trigger[TRIG_P]);
     PyObject *b = atomic_exchange(&s->self_fire.round.b, NULL);
     if (b != NULL) {
         ((sf_trigger *)b)->no = 0; /* a round given up numbered it: it does nothing now */
@@ -683,16 +548,5 @@ static void self_fire_slot_reuse(tc_slot *s)
     atomic_store(&s->self_fire.round.phase, ROUND_IDLE);
 #else
     (void)s;
-#endif
-}
-
-static int self_fire_check(char *why, size_t n)
-{
-#if TC_SELF_FIRE_TRIGGER
-    return trigger_check(why, n);
-#else
-    (void)why;
-    (void)n;
-    return 1;
 #endif
 }

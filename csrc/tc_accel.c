@@ -61,8 +61,9 @@ static int accel_needs(int a)
 {
     if (a == ACCEL_PREARM && !TC_FREE_THREADED)
         return ACCEL_ANTICIPATION;
-    if (a == ACCEL_SLEEPING_TRACER || a == ACCEL_PLACEMENT ||
-        (a == ACCEL_PREPARE && TC_FREE_THREADED)) /* free-threaded: prepare_in_thread */
+    if (a == ACCEL_PREPARE && TC_FREE_THREADED) /* the thread builds it: prepare_in_thread */
+        return g_accel_on[ACCEL_SELF_FIRE] ? ACCEL_SELF_FIRE : ACCEL_PREARM;
+    if (a == ACCEL_SLEEPING_TRACER || a == ACCEL_PLACEMENT)
         return ACCEL_PREARM;
     return -1;
 }

@@ -342,8 +342,9 @@ struct self_fire_round {
 };
 
 struct self_fire_slot {
-    PyObject *trigger[2];        /* free-threaded: the next round's two,
-                                    made by the slot's thread (or NULL)   */
+    PyObject *trigger[3];        /* free-threaded: the next round's A and
+                                    B, and P (the prepare's), made by the
+                                    slot's thread (or NULL)               */
     struct self_fire_round round;
     _Atomic int pc_queued;       /* pc_fire is queued for it: set by the
                                     watchdog (no GIL), cleared by pc_fire  */
@@ -375,6 +376,10 @@ static int self_fire_watch(struct tc_slot *s, uint64_t gen, int64_t deadline);
 /* The planner, no GIL, g_mu held; atomics only: when the watch looks at
  * slot `s` next (0: not watched for its current generation). */
 static int64_t self_fire_look_at(struct tc_slot *s);
+
+/* The planner: how long ahead of a deadline the watch first looks
+ * (free-threaded, to spin to the deadline: trigger_watch), or 0. */
+static int64_t self_fire_lead(void);
 
 /* The fork child (only the forking thread exists): the parent's watch and
  * queued calls are gone. */

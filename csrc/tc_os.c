@@ -1,6 +1,7 @@
 /*
  * tc_os.c -- the operating-system layer: clock, futex, the signal handler,
- * per-thread kernel timers and the kick.  Part of the unity build
+ * per-thread kernel timers, the kick and a thread's run state.  Part of
+ * the unity build
  * (timeoutcore.c); nothing here touches Python objects except
  * install_handler's error reporting (GIL held there).
  */
@@ -311,3 +312,30 @@ static int timer_bench_pairs(tc_slot *s, long n)
     }
     return 0;
 }
+
+/* -- Thread state (accelerator self_fire, free-threaded) ---------------------- */
+
+#if TC_SELF_FIRE_TRIGGER
+#include <fcntl.h>
+
+/* Is thread `tid` of this process running or runnable (1), or asleep -- in
+ * a system call, a lock (0)?  -1 if unknown.  Its state is the letter after
+ * the command's closing parenthesis in /proc/self/task/<tid>/stat. */
+static int thread_runnable(pid_t tid)
+{
+    char path[64], buf[512], *close_paren;
+    ssize_t n;
+    int fd;
+    (void)snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return -1;
+    n = read(fd, buf, sizeof buf - 1);
+    (void)close(fd); /* read-only: nothing to lose */
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    if ((close_paren = strrchr(buf, ')')) == NULL || close_paren[1] != ' ')
+        return -1;
+    return close_paren[2] == 'R';
+}
+#endif

@@ -98,7 +98,7 @@ static int64_t slot_due_at(tc_slot *s, int64_t lead, int *st_out, int64_t *deadl
         if (remote)
             return d;
         return atomic_load(&s->prearmed) ? d + TC_PREARM_GRACE_NS /* prearm_ahead */
-                                         : d - lead - prearm_lead();
+                                         : d - lead - prearm_lead() - self_fire_lead();
     }
     if (st == SLOT_INJECTED)
         return atomic_load(&s->reinject_at);

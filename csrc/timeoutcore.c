@@ -40,6 +40,7 @@
  *                         of a thread that holds it, and its pending call
  *   accel_self_fire_trigger.c  ... free-threaded: the trigger that takes
  *                         the decision to that one thread
+ *   accel_self_fire_probe.c  ... and its import check
  *   tc_wd_main.c          the watchdog's loop, start and stop
  *   accel_remote_relay.c  accelerator remote_relay: remote cancels read
  *                         off the registry's control channel
@@ -75,6 +76,7 @@
 #include "accel_prepare.c"
 #include "accel_self_fire.c"
 #include "accel_self_fire_trigger.c"
+#include "accel_self_fire_probe.c"
 #include "tc_wd_main.c"
 #include "accel_remote_relay.c"
 #include "tc_scope.c"

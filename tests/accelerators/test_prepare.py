@@ -34,7 +34,7 @@ def _prepared_by_deadline(scope: timeoutcore.DeadlineScope) -> bool:
 def test_the_exception_is_prepared_ahead_and_the_exit_takes_its_figures_again() -> None:
     """Ahead of a deadline the scope's DeadlineExceeded is built (built at the exit, after
     a long spin, its code is cold): by the watchdog, or free-threaded by the thread itself
-    at its first hook event once pre-armed. The exit runs its constructor again, so the
+    -- at the self-fire's trigger, or at its first hook event once pre-armed. The exit runs its constructor again, so the
     block gets what a new one says of the exited scope, never the figures of the moment it
     was prepared. A prepare that did not come before the deadline (a loaded machine)
     leaves a trial that shows only the exit's own exception: the trials go on until a few
