@@ -81,9 +81,8 @@ static char g_self_fire_failed[TC_ACCEL_WHY_MAX]; /* self_fire's own check (self
 static char g_accel_unknown[256];              /* names none of ours, comma-separated */
 static const char *g_internals = "not checked"; /* the import check: "passed", or why not */
 
-/* Which TIMEOUTCORE_ACCEL asks for, into `asked`; 1 if it names them (a
- * list), 0 if it asks for all or none. */
-static int accel_parse(int asked[ACCEL_N])
+/* Which TIMEOUTCORE_ACCEL asks for, into `asked` (all, none, or a list). */
+static void accel_parse(int asked[ACCEL_N])
 {
     const char *env = getenv("TIMEOUTCORE_ACCEL");
     char buf[512], *save = NULL, *tok;
@@ -92,7 +91,7 @@ static int accel_parse(int asked[ACCEL_N])
         asked[a] = 1;
     g_accel_unknown[0] = '\0';
     if (env == NULL)
-        return 0;
+        return;
     len = strlen(env);
     if (len >= sizeof(buf))
         len = sizeof(buf) - 1;
@@ -101,11 +100,11 @@ static int accel_parse(int asked[ACCEL_N])
     buf[len] = '\0';
     tok = buf + strspn(buf, " \t");
     if (*tok == '\0' || strcmp(tok, "all") == 0)
-        return 0;
+        return;
     for (int a = 0; a < ACCEL_N; a++)
         asked[a] = 0;
     if (strcmp(tok, "none") == 0)
-        return 0;
+        return;
     for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
         int found = 0;
         char *end;
@@ -124,7 +123,6 @@ static int accel_parse(int asked[ACCEL_N])
                            used > 0 ? "," : "", tok);
         }
     }
-    return 1;
 }
 
 /* At import (tc_export.c: export_locked), GIL held: decide every flag,
@@ -132,9 +130,9 @@ static int accel_parse(int asked[ACCEL_N])
  * unset, which is what turns the fast window off.  Returns 0. */
 static int accel_setup(void)
 {
-    int asked[ACCEL_N], internals = 0, internals_ok = 0, listed;
+    int asked[ACCEL_N], internals = 0, internals_ok = 0;
     char why[TC_ACCEL_WHY_MAX - 32];
-    listed = accel_parse(asked);
+    accel_parse(asked);
     /* The thread-state check runs whatever was asked: the core reads those
      * fields itself, so a mismatch keeps the whole core from running
      * (tc_accel_core_refused; timeoutcore._native refuses to load) -- no
@@ -167,12 +165,6 @@ static int accel_setup(void)
         const char *off = accel_unsupported(a);
         if (off == NULL && !asked[a])
             off = "switched off by TIMEOUTCORE_ACCEL";
-        /* Free-threaded, the self-fire gives a CPU pool under frequent
-         * deadlines its speed back, and costs latency next to threads that
-         * keep every CPU busy (each round needs the watchdog to run twice):
-         * a trade the user makes (docs: accelerators). */
-        if (off == NULL && a == ACCEL_SELF_FIRE && TC_FREE_THREADED && !listed)
-            off = "free-threaded: on only when TIMEOUTCORE_ACCEL names it";
         if (off == NULL && accel_uses_internals(a) && !internals_ok)
             off = g_accel_failed;
         if (off == NULL && a == ACCEL_DIRECT_DELIVERY && g_exc_state_failed[0] != '\0')
@@ -191,7 +183,12 @@ static int accel_setup(void)
         g_accel_on[ACCEL_SELF_FIRE] = 0;
     }
     /* Free-threaded, the pre-arm switches the hook's events on ahead of a
-     * deadline, for every thread; the self-fire needs none. */
+     * deadline, for every thread; the self-fire needs none.  Rejected: the
+     * pre-arm by default there, the self-fire only when named -- a CPU pool
+     * whose deadlines fired often lost more than half its speed to the
+     * events, and with its own rounds and the prepare's trigger the
+     * self-fire lands deadlines as early or earlier, quiet or next to busy
+     * threads (docs: accelerators, study ft-self-queue). */
     if (TC_FREE_THREADED && g_accel_on[ACCEL_SELF_FIRE] && g_accel_on[ACCEL_PREARM]) {
         g_accel_why[ACCEL_PREARM] = "off while self_fire is on (free-threaded builds)";
         g_accel_on[ACCEL_PREARM] = 0;

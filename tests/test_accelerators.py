@@ -172,18 +172,24 @@ def test_an_unknown_name_warns_and_the_rest_applies(tmp_path: Path) -> None:
 
 
 @native_only
-@pytest.mark.skipif(not FREE_THREADED, reason="the opt-in: free-threaded builds")
-def test_free_threaded_self_fire_is_on_only_when_named(tmp_path: Path) -> None:
-    """Free-threaded, `self_fire` trades latency next to busy threads for the throughput of
-    pools: off by default (saying how to have it, the pre-arm on), on when named (the
-    pre-arm then off: it would switch the events on ahead), and deadlines land either way."""
+@pytest.mark.skipif(not FREE_THREADED, reason="free-threaded builds")
+def test_free_threaded_the_self_fire_replaces_the_pre_arm_by_default(tmp_path: Path) -> None:
+    """Free-threaded, `self_fire` is on by default and the pre-arm off, saying why (it
+    would switch the hook's events on ahead of every deadline, for every thread);
+    `prepare` then works through the self-fire's trigger. Named without `self_fire`, the
+    pre-arm is on and `prepare` works through it; with neither, `prepare` is off, saying
+    why. Deadlines land every way."""
     out = child(tmp_path)
-    assert out["why"]["self_fire"] == "free-threaded: on only when TIMEOUTCORE_ACCEL names it"
-    assert out["active"]["prearm"]
-    assert_delivered(out)
-    out = child(tmp_path, TIMEOUTCORE_ACCEL="self_fire,prearm,rescue,remote_relay")
     assert out["active"]["self_fire"], out["why"]["self_fire"]
     assert out["why"]["prearm"] == "off while self_fire is on (free-threaded builds)"
+    assert out["why"]["placement"] == "needs prearm, which is off"
+    assert out["active"]["prepare"], out["why"]["prepare"]
+    assert_delivered(out)
+    out = child(tmp_path, TIMEOUTCORE_ACCEL="prearm,prepare,rescue,remote_relay")
+    assert out["active"]["prearm"] and out["active"]["prepare"], out["why"]
+    assert_delivered(out)
+    out = child(tmp_path, TIMEOUTCORE_ACCEL="prepare,rescue,remote_relay")
+    assert out["why"]["prepare"] == "needs prearm, which is off"
     assert_delivered(out)
 
 

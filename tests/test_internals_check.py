@@ -106,11 +106,12 @@ def assert_one_debug_line_per_reason(out: dict[str, Any]) -> None:
 
 def supported() -> set[str]:
     """The accelerators a default import turns on: those this CPython supports -- but for
-    `self_fire` on a free-threaded build, which is on only when TIMEOUTCORE_ACCEL names it."""
+    `prearm` on a free-threaded build, off while `self_fire` is on, and `placement`, which
+    needs it."""
     why = timeoutcore.accelerators(explain=True)
     names = {n for n, w in why.items() if not (w or "").startswith("unsupported on this CPython")}
     if FREE_THREADED:
-        names.discard("self_fire")
+        names -= {"prearm", "placement"}
     return names
 
 
