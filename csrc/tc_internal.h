@@ -154,7 +154,8 @@ typedef struct tc_slot {
      * audit hook to know a drop of it (tc_unraisable.c): identities only,
      * compared and never dereferenced -- the scope counts only while it is
      * found on the stack with soft_pending set. */
-    const void *soft_cls;          /* its class                            */
+    _Atomic(const void *) soft_cls; /* its class (its own thread compares
+                                      it without the core lock first)      */
     const void *soft_scope;        /* the scope it was sent for            */
     const void *soft_frame;        /* the frame it surfaced in (the hook's
                                       delivery), or NULL                   */

@@ -316,7 +316,7 @@ static PyObject *raise_in_scope_locked(PyObject *scope, PyObject *exc)
 #endif
     sc->soft_pending = 1;
     atomic_fetch_add(&s->raised, 1);
-    s->soft_cls = exc; /* for the unraisable audit hook (tc_unraisable.c) */
+    atomic_store(&s->soft_cls, exc); /* for the unraisable audit hook (tc_unraisable.c) */
     s->soft_scope = scope;
     s->soft_frame = NULL;
     slot_inject(s, exc, scope);

@@ -84,7 +84,7 @@ static void unraisable_learn_hook(PyObject *hook)
 static PyObject *soft_drop_of(tc_slot *s, PyObject *et, PyObject *tb)
 {
     PyObject *p;
-    if (et != s->soft_cls)
+    if ((const void *)et != atomic_load(&s->soft_cls))
         return NULL;
     for (p = s->top; p != NULL && p != s->soft_scope; p = as_scope(p)->parent)
         ;
@@ -117,7 +117,7 @@ static int unraisable_audit(const char *event, PyObject *args, void *data)
     if (et == NULL || !PyType_Check(et))
         return 0;
     hard = PyType_IsSubtype((PyTypeObject *)et, (PyTypeObject *)g_interrupt);
-    if (!hard && et != s->soft_cls) /* the usual case, without the core lock */
+    if (!hard && (const void *)et != atomic_load(&s->soft_cls)) /* the usual case: no lock */
         return 0;
     TC_CORE_BEGIN();
     if (hard || (soft = soft_drop_of(s, et, PyTuple_GET_ITEM(u, 2))) != NULL) {
