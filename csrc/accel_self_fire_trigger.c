@@ -324,6 +324,7 @@ static void round_b_here(tc_slot *s, uint64_t no)
  * own region (the exit then builds it). */
 static void prepare_here(tc_slot *s, uint64_t gen)
 {
+    slot_note_cpu(s); /* for the watch's spin, which follows (trigger_watch) */
     if (gen == atomic_load(&s->gen) && PyEval_GetFrame() != NULL && !tc_gc_collecting() &&
         PyErr_Occurred() == NULL && !core_held())
         prepare_in_thread(s);
@@ -456,8 +457,10 @@ static int trigger_watch(tc_slot *s, uint64_t gen, int64_t deadline)
         /* Ahead of it (the planner comes self_fire_lead early): the
          * prepare's P, then -- a sleep wakes up late by about
          * TC_WATCH_SPIN_NS -- a spin over the last of it, unless on the CPU
-         * the thread last ran on, which the spin would keep it off (as
-         * wd_watch does with a GIL). */
+         * the thread ran on at P, which the spin would keep it off (as
+         * wd_watch does with a GIL).  Noted there, not at every entry: the
+         * per-block path stays as it was; without prepare, s->cpu says
+         * nothing and the watch spins. */
         if (deadline - now > TC_WATCH_SPIN_NS) {
             prepare_step(s, gen);
             return watch_again(s, gen, deadline - TC_WATCH_SPIN_NS);
@@ -524,7 +527,6 @@ static void self_fire_on_enter(tc_slot *s)
 #if TC_SELF_FIRE_TRIGGER
     if (!accel_on(ACCEL_SELF_FIRE))
         return;
-    slot_note_cpu(s); /* for the watch's spin (trigger_watch) */
     if (s->self_fire.trigger[TRIG_A] == NULL || s->self_fire.trigger[TRIG_B] == NULL ||
         (s->self_fire.trigger[TRIG_P] == NULL && accel_on(ACCEL_PREPARE)))
         trigger_make(s);

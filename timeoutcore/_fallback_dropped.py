@@ -36,12 +36,11 @@ from __future__ import annotations
 import sys
 import threading
 import types
-from typing import Any, Callable
+from typing import Any
 
 from . import _fallback_deliver as _dl
+from ._unraisable import _Hook
 from .errors import _DeadlineInterrupt
-
-_Hook = Callable[[Any], object]
 
 
 class _LearnDropped:
