@@ -480,7 +480,12 @@ static int trigger_watch(tc_slot *s, uint64_t gen, int64_t deadline)
          * thread waits for, and is only for a thread gone to sleep. */
         return watch_again(s, gen, now + TC_WATCH_SLOW_NS);
     }
-    if (phase == ROUND_IDLE && now - deadline >= TC_WATCH_MAX_NS)
+    /* Counted from the first round, not from the deadline: next to threads
+     * that keep every CPU busy the watchdog itself wakes milliseconds late,
+     * and handing over then, before any round, switched the hook's
+     * interpreter-wide events on for the whole pool (measured). */
+    if (phase == ROUND_IDLE && s->self_fire.kick_gen == gen &&
+        now - s->self_fire.kicked_at >= TC_WATCH_MAX_NS)
         goto hand_over;
     (void)watch_again(s, gen, now + TC_WATCH_AFTER_NS); /* before the round: its reply may come first */
     /* The kick after the round's start: a blocking call kicked loose first
@@ -492,6 +497,7 @@ static int trigger_watch(tc_slot *s, uint64_t gen, int64_t deadline)
         goto hand_over; /* no triggers, or A not met and its thread asleep */
     if (r > 0 && s->self_fire.kick_gen != gen) {
         s->self_fire.kick_gen = gen;
+        s->self_fire.kicked_at = now;
         slot_wake_and_kick(s);
     }
     return 1;

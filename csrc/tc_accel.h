@@ -352,7 +352,8 @@ struct self_fire_slot {
                                     valid for ...                         */
     _Atomic uint64_t watch_gen;  /* ... this gen                          */
     uint64_t prepare_gen;        /* gen it asked to prepare for           */
-    uint64_t kick_gen;           /* gen it kicked while watched           */
+    uint64_t kick_gen;           /* gen it kicked while watched ...       */
+    int64_t kicked_at;           /* ... at its first round, at this time  */
     uint64_t back_gen;           /* gen it kicked off the GIL, due        */
     uint64_t free_gen;           /* gen it saw the GIL free for ...       */
     int64_t free_since;          /* ... first at this time (0 gen: none)  */
