@@ -118,9 +118,15 @@ static int pc_fire_here(tc_slot *s, int *again)
         now = now_ns();
         if ((due = stack_due(s->top, now)) == NULL)
             return 0;
-        if (tc_gc_collecting())
-            usable = 1; /* a finalizer the collector runs (deliver_here): wait, uncounted */
-        else if ((back = tc_breaker_back_edge(cur)) < 0) {
+        if (tc_gc_collecting()) {
+            /* A finalizer the collector runs (deliver_here): wait, uncounted,
+             * and not noted as this place's answer -- once the collection is
+             * over the same place decides afresh.  Noted, a loop with one
+             * check (its back-edge) waited there for ever. */
+            *again = 1;
+            return 0;
+        }
+        if ((back = tc_breaker_back_edge(cur)) < 0) {
             /* A loop's back-edge whose raise would not land in the loop's
              * handler: this loop's check never becomes usable.  The hook
              * now (it raises at the loop's head), not after the declines:

@@ -84,12 +84,15 @@
  * asks again.  The round's phase is never idle while the thread starts its
  * own rounds, so the watchdog starts none meanwhile; it still looks at
  * a thread whose round is under way, and hands the deadline to the core if
- * the thread went to sleep (a system call, a lock) with a B queued, which
- * only its next check would merge.  A trigger deallocated elsewhere -- in
- * another thread (a collection merges every thread's queue with the world
- * stopped; the thread has exited), or in its thread outside a breaker
- * check (its exit, a collection it runs) -- only ends the round; the watch
- * hands the deadline to the core after TC_WATCH_MAX_NS.  A trigger acts
+ * the thread went to sleep (a system call other than futex(): round_asleep)
+ * with a B queued, which only its next check would merge.  A trigger
+ * deallocated in another thread (a collection merges every thread's queue
+ * with the world stopped; the thread has exited), or at its thread's exit,
+ * only ends the round: the watch starts the next with the spare A, and
+ * hands the deadline to the core when no trigger is left, or TC_WATCH_MAX_NS
+ * after its first round.  An A deallocated in its own thread outside a
+ * breaker check (a collection that thread runs) queues B all the same: no
+ * pass had the bit yet, and B's is the thread's next check.  A trigger acts
  * only for the thread and slot that made it (a slot reused drops its old
  * ones).  The interrupt, once set, is raised by P2; the slot's
  * async_pending has the scope's exit take it back should it not surface.
@@ -109,7 +112,11 @@ enum {
     ROUND_SENT_B = 2, /* the thread queued a B to itself, for its next check */
 };
 
-enum { TRIG_A = 0, TRIG_B = 1, TRIG_P = 2 }; /* P: the prepare's (trigger_watch) */
+/* P: the prepare's (trigger_watch).  A2: a spare A, for a round whose A a
+ * collection took (deallocated in the collecting thread: the round ends) --
+ * without it the watch had no trigger left and handed the deadline to the
+ * hook (measured).  Its kind is TRIG_A. */
+enum { TRIG_A = 0, TRIG_B = 1, TRIG_P = 2, TRIG_A2 = 3, TRIG_COUNT = 4 };
 
 typedef struct {
     PyObject_HEAD
@@ -186,9 +193,9 @@ static void round_send_b(struct self_fire_round *rd, PyObject *b, uint64_t no)
  * could not be: the watch hands over, the exit builds the exception). */
 static void trigger_make(tc_slot *s)
 {
-    for (int k = TRIG_A; k <= TRIG_P; k++)
+    for (int k = TRIG_A; k < TRIG_COUNT; k++)
         if (s->self_fire.trigger[k] == NULL && (k != TRIG_P || accel_on(ACCEL_PREPARE)))
-            s->self_fire.trigger[k] = trigger_new(s, &s->self_fire.round, k);
+            s->self_fire.trigger[k] = trigger_new(s, &s->self_fire.round, k == TRIG_A2 ? TRIG_A : k);
 }
 
 /* The slot's thread: the watchdog looks at the slot at once (the planner
@@ -217,11 +224,17 @@ static void round_a_here(tc_slot *s, struct self_fire_round *rd, uint64_t no, in
     PyObject *b;
     if (no != atomic_load(&rd->seq))
         return; /* a round given up: nothing to do */
-    if (tc_gc_collecting() || PyEval_GetFrame() == NULL) {
-        /* Merged by a collection this thread runs (the world is stopped:
-         * its next check is no pass of ours), or at its exit: the round
-         * ends, and the watch hands the deadline over -- no trigger is
-         * made here. */
+    if (PyEval_GetFrame() == NULL) {
+        /* At its exit: the round ends, and the watch hands the deadline
+         * over -- no trigger is made here.  Not a collection's test:
+         * gc.collecting is the interpreter's, set while any thread
+         * collects, and the others run on meanwhile (all but the marking
+         * is done with the world running).  Ending the round there handed
+         * the deadline of a thread merely running beside a collection to
+         * the hook.  A collection this thread runs deallocates A after the
+         * world's stop, outside a check: B's pass is this thread's next
+         * check all the same, and a finalizer's check waits there
+         * (pc_fire_here). */
         if (atomic_compare_exchange_strong(&rd->phase, &expected, ROUND_IDLE) && s != NULL)
             wd_wake();
         return;
@@ -288,7 +301,7 @@ static void round_b_here(tc_slot *s, uint64_t no)
     PyObject *raised = NULL;
     int again = 0, r = 0;
     int bit = round_b_armed(rd, no, ts);
-    int live = PyEval_GetFrame() != NULL && !tc_gc_collecting(); /* not its exit, no collection */
+    int live = PyEval_GetFrame() != NULL; /* not its exit (a collection: pc_fire_here waits) */
     /* ... nor inside a region of the core's own (a finalizer that code ran:
      * the slot's state is half-changed there): the next round decides. */
     int usable = live && PyErr_Occurred() == NULL && !core_held();
@@ -381,13 +394,14 @@ static int round_step(tc_slot *s, uint64_t gen)
     g = PyGILState_Ensure();
     TC_CORE_BEGIN_ON(s);
     moved = !s->alive || atomic_load(&s->gen) != gen || atomic_load(&s->state) != SLOT_ARMED;
-    if (!moved && s->self_fire.trigger[0] != NULL &&
-        (atomic_load(&rd->b) != NULL || s->self_fire.trigger[1] != NULL)) {
-        a = s->self_fire.trigger[0];
-        s->self_fire.trigger[0] = NULL;
+    int k = s->self_fire.trigger[TRIG_A] != NULL ? TRIG_A : TRIG_A2;
+    if (!moved && s->self_fire.trigger[k] != NULL &&
+        (atomic_load(&rd->b) != NULL || s->self_fire.trigger[TRIG_B] != NULL)) {
+        a = s->self_fire.trigger[k];
+        s->self_fire.trigger[k] = NULL;
         if (atomic_load(&rd->b) == NULL) { /* else a given-up round's, never sent */
-            atomic_store(&rd->b, s->self_fire.trigger[1]);
-            s->self_fire.trigger[1] = NULL;
+            atomic_store(&rd->b, s->self_fire.trigger[TRIG_B]);
+            s->self_fire.trigger[TRIG_B] = NULL;
         }
         round_number(rd, a, atomic_load(&rd->b));
         started = 1;
@@ -403,17 +417,22 @@ static int round_step(tc_slot *s, uint64_t gen)
 
 /* A watched slot whose A (or B) waits for its thread's next check: keep waiting
  * while the thread runs or waits for a CPU -- its check comes as soon as it
- * runs, and the hook's events would slow every thread meanwhile -- but not
- * for a thread asleep in a system call or a lock (or one whose state cannot
- * be read): the round needs two checks in a row, and such a thread, kicked
- * loose, may block again in between (a read() retried after EINTR).  That
- * round is given up (its A, merged later, does nothing) and the core fires
- * the slot: the scope is marked expired now, and the hook raises once the
- * thread is back.  1 to hand over. */
+ * runs, and the hook's events would slow every thread meanwhile -- or waits
+ * in futex(), the way CPython's own locks park: a stop of the world (a
+ * collection's) parks every thread there, and the thread's next check comes
+ * when it is over (a Python lock is no different: kicked loose, its wait
+ * goes on, and the hook could raise only once it is back).  Handed over
+ * there, the deadline of a thread beside a collection went to the hook
+ * (measured).  Not for a thread asleep in another system call (or one whose
+ * state cannot be read): the round needs two checks in a row, and such a
+ * thread, kicked loose, may block again in between (a read() retried after
+ * EINTR).  That round is given up (its A, merged later, does nothing) and
+ * the core fires the slot: the scope is marked expired now, and the hook
+ * raises once the thread is back.  1 to hand over. */
 static int round_asleep(tc_slot *s, int phase)
 {
     int expected = phase;
-    return thread_runnable(s->tid) != 1 &&
+    return thread_runnable(s->tid) != 1 && thread_in_futex(s->tid) != 1 &&
            atomic_compare_exchange_strong(&s->self_fire.round.phase, &expected, ROUND_IDLE);
 }
 
@@ -490,11 +509,12 @@ static int trigger_watch(tc_slot *s, uint64_t gen, int64_t deadline)
     (void)watch_again(s, gen, now + TC_WATCH_AFTER_NS); /* before the round: its reply may come first */
     /* The kick after the round's start: a blocking call kicked loose first
      * was back in it, or on its way there, when A was not met -- seen
-     * running then, it was left a slow look late (measured). */
-    if ((r = round_step(s, gen)) < 0 ||
-        (r > 0 && (phase = atomic_load(&s->self_fire.round.phase)) == ROUND_SENT_A &&
-         round_asleep(s, phase)))
-        goto hand_over; /* no triggers, or A not met and its thread asleep */
+     * running then, it was left a slow look late (measured).  A thread
+     * asleep now is looked at again TC_WATCH_AFTER_NS on (round_asleep, in
+     * the phase's branch above), not handed over at once: kicked loose, it
+     * may run its round meanwhile. */
+    if ((r = round_step(s, gen)) < 0)
+        goto hand_over; /* no triggers */
     if (r > 0 && s->self_fire.kick_gen != gen) {
         s->self_fire.kick_gen = gen;
         s->self_fire.kicked_at = now;
@@ -534,6 +554,7 @@ static void self_fire_on_enter(tc_slot *s)
     if (!accel_on(ACCEL_SELF_FIRE))
         return;
     if (s->self_fire.trigger[TRIG_A] == NULL || s->self_fire.trigger[TRIG_B] == NULL ||
+        s->self_fire.trigger[TRIG_A2] == NULL ||
         (s->self_fire.trigger[TRIG_P] == NULL && accel_on(ACCEL_PREPARE)))
         trigger_make(s);
 #else
@@ -545,9 +566,8 @@ static void self_fire_slot_reuse(tc_slot *s)
 {
 #if TC_SELF_FIRE_TRIGGER
     /* its maker's: deallocated here, doing nothing */
-    Py_CLEAR(s->self_fire.trigger[TRIG_A]);
-    Py_CLEAR(s->self_fire.trigger[TRIG_B]);
-    Py_CLEAR(s->self_fire.trigger[TRIG_P]);
+    for (int k = TRIG_A; k < TRIG_COUNT; k++)
+        Py_CLEAR(s->self_fire.trigger[k]);
     PyObject *b = atomic_exchange(&s->self_fire.round.b, NULL);
     if (b != NULL) {
         ((sf_trigger *)b)->no = 0; /* a round given up numbered it: it does nothing now */

@@ -342,9 +342,9 @@ struct self_fire_round {
 };
 
 struct self_fire_slot {
-    PyObject *trigger[3];        /* free-threaded: the next round's A and
-                                    B, and P (the prepare's), made by the
-                                    slot's thread (or NULL)               */
+    PyObject *trigger[4];        /* free-threaded: the next round's A and
+                                    B, P (the prepare's) and a spare A,
+                                    made by the slot's thread (or NULL)   */
     struct self_fire_round round;
     _Atomic int pc_queued;       /* pc_fire is queued for it: set by the
                                     watchdog (no GIL), cleared by pc_fire  */

@@ -338,4 +338,31 @@ static int thread_runnable(pid_t tid)
         return -1;
     return close_paren[2] == 'R';
 }
+
+/* Is thread `tid` of this process, asleep, waiting in futex() (1) -- which
+ * is how CPython's own locks park, a stop of the world's included -- or in
+ * another system call (0)?  -1 if unknown.  The number at the start of
+ * /proc/self/task/<tid>/syscall. */
+static int thread_in_futex(pid_t tid)
+{
+    char path[64], buf[64];
+    ssize_t n;
+    int fd;
+    long nr;
+    (void)snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+        return -1;
+    n = read(fd, buf, sizeof buf - 1);
+    (void)close(fd); /* read-only: nothing to lose */
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    if (sscanf(buf, "%ld", &nr) != 1) /* "running" */
+        return -1;
+#ifdef SYS_futex_waitv
+    if (nr == SYS_futex_waitv)
+        return 1;
+#endif
+    return nr == SYS_futex;
+}
 #endif
