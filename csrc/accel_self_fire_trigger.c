@@ -509,12 +509,14 @@ static int trigger_watch(tc_slot *s, uint64_t gen, int64_t deadline)
     (void)watch_again(s, gen, now + TC_WATCH_AFTER_NS); /* before the round: its reply may come first */
     /* The kick after the round's start: a blocking call kicked loose first
      * was back in it, or on its way there, when A was not met -- seen
-     * running then, it was left a slow look late (measured).  A thread
-     * asleep now is looked at again TC_WATCH_AFTER_NS on (round_asleep, in
-     * the phase's branch above), not handed over at once: kicked loose, it
-     * may run its round meanwhile. */
-    if ((r = round_step(s, gen)) < 0)
-        goto hand_over; /* no triggers */
+     * running then, it was left a slow look late (measured).  Asleep (not
+     * in futex: round_asleep), it is handed over at once: looked at again
+     * later instead, a blocking call's deadline landed a millisecond later
+     * (measured). */
+    if ((r = round_step(s, gen)) < 0 ||
+        (r > 0 && (phase = atomic_load(&s->self_fire.round.phase)) == ROUND_SENT_A &&
+         round_asleep(s, phase)))
+        goto hand_over; /* no triggers, or A not met and its thread asleep */
     if (r > 0 && s->self_fire.kick_gen != gen) {
         s->self_fire.kick_gen = gen;
         s->self_fire.kicked_at = now;
