@@ -318,22 +318,32 @@ static int timer_bench_pairs(tc_slot *s, long n)
 #if TC_SELF_FIRE_TRIGGER
 #include <fcntl.h>
 
-/* Is thread `tid` of this process running or runnable (1), or asleep -- in
- * a system call, a lock (0)?  -1 if unknown.  Its state is the letter after
- * the command's closing parenthesis in /proc/self/task/<tid>/stat. */
-static int thread_runnable(pid_t tid)
+/* /proc/self/task/<tid>/<name>, NUL-terminated, into buf: its length, or
+ * -1 (unreadable, or empty). */
+static ssize_t task_file(pid_t tid, const char *name, char *buf, size_t size)
 {
-    char path[64], buf[512], *close_paren;
+    char path[64];
     ssize_t n;
     int fd;
-    (void)snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+    (void)snprintf(path, sizeof path, "/proc/self/task/%d/%s", (int)tid, name);
     if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
         return -1;
-    n = read(fd, buf, sizeof buf - 1);
+    n = read(fd, buf, size - 1);
     (void)close(fd); /* read-only: nothing to lose */
     if (n <= 0)
         return -1;
     buf[n] = '\0';
+    return n;
+}
+
+/* Is thread `tid` of this process running or runnable (1), or asleep -- in
+ * a system call, a lock (0)?  -1 if unknown.  Its state is the letter after
+ * the command's closing parenthesis in its stat file. */
+static int thread_runnable(pid_t tid)
+{
+    char buf[512], *close_paren;
+    if (task_file(tid, "stat", buf, sizeof buf) < 0)
+        return -1;
     if ((close_paren = strrchr(buf, ')')) == NULL || close_paren[1] != ' ')
         return -1;
     return close_paren[2] == 'R';
@@ -341,23 +351,14 @@ static int thread_runnable(pid_t tid)
 
 /* Is thread `tid` of this process, asleep, waiting in futex() (1) -- which
  * is how CPython's own locks park, a stop of the world's included -- or in
- * another system call (0)?  -1 if unknown.  The number at the start of
- * /proc/self/task/<tid>/syscall. */
+ * another system call (0)?  -1 if unknown.  The number at the start of its
+ * syscall file. */
 static int thread_in_futex(pid_t tid)
 {
-    char path[64], buf[64];
-    ssize_t n;
-    int fd;
+    char buf[64];
     long nr;
-    (void)snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
-    if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-        return -1;
-    n = read(fd, buf, sizeof buf - 1);
-    (void)close(fd); /* read-only: nothing to lose */
-    if (n <= 0)
-        return -1;
-    buf[n] = '\0';
-    if (sscanf(buf, "%ld", &nr) != 1) /* "running" */
+    if (task_file(tid, "syscall", buf, sizeof buf) < 0 ||
+        sscanf(buf, "%ld", &nr) != 1) /* "running" */
         return -1;
 #ifdef SYS_futex_waitv
     if (nr == SYS_futex_waitv)
