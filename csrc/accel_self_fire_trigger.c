@@ -84,8 +84,8 @@
  * asks again.  The round's phase is never idle while the thread starts its
  * own rounds, so the watchdog starts none meanwhile; it still looks at
  * a thread whose round is under way, and hands the deadline to the core if
- * the thread went to sleep (a system call other than futex(): round_asleep)
- * with a B queued, which only its next check would merge.  A trigger
+ * the thread went to sleep (a system call, a lock: round_asleep) with a B
+ * queued, which only its next check would merge.  A trigger
  * deallocated in another thread (a collection merges every thread's queue
  * with the world stopped; the thread has exited), or at its thread's exit,
  * only ends the round: the watch starts the next with the spare A, and
@@ -417,23 +417,44 @@ static int round_step(tc_slot *s, uint64_t gen)
 
 /* A watched slot whose A (or B) waits for its thread's next check: keep waiting
  * while the thread runs or waits for a CPU -- its check comes as soon as it
- * runs, and the hook's events would slow every thread meanwhile -- or waits
- * in futex(), the way CPython's own locks park: a stop of the world (a
- * collection's) parks every thread there, and the thread's next check comes
- * when it is over (a Python lock is no different: kicked loose, its wait
- * goes on, and the hook could raise only once it is back).  Handed over
- * there, the deadline of a thread beside a collection went to the hook
- * (measured).  Not for a thread asleep in another system call (or one whose
- * state cannot be read): the round needs two checks in a row, and such a
- * thread, kicked loose, may block again in between (a read() retried after
- * EINTR).  That round is given up (its A, merged later, does nothing) and
- * the core fires the slot: the scope is marked expired now, and the hook
- * raises once the thread is back.  1 to hand over. */
+ * runs, and the hook's events would slow every thread meanwhile -- but not
+ * for a thread asleep in a system call or a lock (or one whose state cannot
+ * be read): the round needs two checks in a row, and such a thread, kicked
+ * loose, may block again in between (a read() retried after EINTR).  That
+ * round is given up (its A, merged later, does nothing) and the core fires
+ * the slot: the scope is marked expired now, and the hook raises once the
+ * thread is back.  A thread parked in futex() -- how CPython's own locks
+ * wait, a stop of the world's included -- is asleep only if still parked
+ * after the watchdog attached (which waits out a stop of the world) and
+ * TC_WATCH_BACK_NS after it was first seen parked in this round (a stop
+ * that is being asked for parks each thread as it comes, and lasts until
+ * the last one has; the watchdog's attach then waits for nothing).  Handed
+ * over at once, the deadline of a thread beside a collection went to the
+ * hook (measured); a lock's waiter is fired a few milliseconds later.  1 to
+ * hand over, 0 not (yet). */
 static int round_asleep(tc_slot *s, int phase)
 {
+    struct self_fire_round *rd = &s->self_fire.round;
+    uint64_t seq = atomic_load(&rd->seq);
     int expected = phase;
-    return thread_runnable(s->tid) != 1 && thread_in_futex(s->tid) != 1 &&
-           atomic_compare_exchange_strong(&s->self_fire.round.phase, &expected, ROUND_IDLE);
+    int64_t now;
+    PyGILState_STATE g;
+    if (thread_runnable(s->tid) == 1)
+        return 0;
+    if (thread_in_futex(s->tid) == 1) {
+        g = PyGILState_Ensure(); /* detached on entry: waits out a stop of the world */
+        PyGILState_Release(g);
+        if (thread_runnable(s->tid) == 1)
+            return 0;
+        now = now_ns();
+        if (rd->parked_in != seq) {
+            rd->parked_in = seq;
+            rd->parked_at = now;
+        }
+        if (now - rd->parked_at < TC_WATCH_BACK_NS)
+            return 0;
+    }
+    return atomic_compare_exchange_strong(&rd->phase, &expected, ROUND_IDLE);
 }
 
 /* The watchdog, detached, no lock, TC_WATCH_PREPARE_NS or less ahead of the
@@ -509,10 +530,10 @@ static int trigger_watch(tc_slot *s, uint64_t gen, int64_t deadline)
     (void)watch_again(s, gen, now + TC_WATCH_AFTER_NS); /* before the round: its reply may come first */
     /* The kick after the round's start: a blocking call kicked loose first
      * was back in it, or on its way there, when A was not met -- seen
-     * running then, it was left a slow look late (measured).  Asleep (not
-     * in futex: round_asleep), it is handed over at once: looked at again
-     * later instead, a blocking call's deadline landed a millisecond later
-     * (measured). */
+     * running then, it was left a slow look late (measured).  Asleep in a
+     * system call (round_asleep), it is handed over at once: looked at
+     * again later instead, a blocking call's deadline landed a millisecond
+     * later (measured). */
     if ((r = round_step(s, gen)) < 0 ||
         (r > 0 && (phase = atomic_load(&s->self_fire.round.phase)) == ROUND_SENT_A &&
          round_asleep(s, phase)))

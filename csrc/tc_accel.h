@@ -339,6 +339,9 @@ struct self_fire_round {
                                     (taken by an exchange: no lock)        */
     unsigned restarts;           /* the thread's own rounds (its parity
                                     picks their length), owner thread only */
+    uint64_t parked_in;          /* watchdog: the round whose thread it saw
+                                    parked in futex() ...                 */
+    int64_t parked_at;           /* ... first at this time                */
 };
 
 struct self_fire_slot {

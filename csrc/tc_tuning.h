@@ -162,7 +162,8 @@
  * past the deadline it looks every TC_WATCH_AFTER_NS until the thread has
  * fired, every TC_WATCH_SLOW_NS after TC_WATCH_MAX_NS; a due thread off
  * the GIL is watched for TC_WATCH_BACK_NS at most, then fired the usual
- * way.  Bench: bench_contention.py test_contention_overshoot (3.12+). */
+ * way -- and so, free-threaded, is one parked in futex() (round_asleep).
+ * Bench: bench_contention.py test_contention_overshoot (3.12+). */
 #define TC_WATCH_POLL_NS 100000LL           /* 100 us                        */
 #define TC_WATCH_SPIN_NS 100000LL           /* 100 us                        */
 #define TC_WATCH_AFTER_NS 30000LL           /* 30 us                         */
