@@ -286,14 +286,15 @@ def test_a_watchdog_held_up_past_the_deadline_still_starts_the_threads_rounds() 
                         pass
 
         before = stats()
-        worker = threading.Thread(target=guarded)
+        worker = threading.Thread(target=guarded, daemon=True)  # broken: fails, never hangs
         worker.start()
         ready.wait()
         time.sleep(max(0.0, out["deadline"] - took / 2 - time.perf_counter()))
         start = time.perf_counter()
         gc.collect()
         end = time.perf_counter()
-        worker.join()
+        worker.join(timeout=30)
+        assert not worker.is_alive(), "the deadline never landed"
         after = stats()
         if start < out["deadline"] - 0.001 and end > out["deadline"] + 0.003:
             counted += 1
@@ -398,7 +399,7 @@ def test_a_deadline_beside_another_threads_finalizers_lands_once_they_are_done()
             except DeadlineExceeded:
                 out["raised"] = time.perf_counter()
 
-        worker = threading.Thread(target=guarded)
+        worker = threading.Thread(target=guarded, daemon=True)  # broken: fails, never hangs
         worker.start()
         time.sleep(0.05)
         for _ in range(4):
